@@ -1,0 +1,3 @@
+from .backbones import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
+
+__all__ = ['InLinePVT', 'InLineSwin', 'InLineCSWin', 'InLineDeiT']

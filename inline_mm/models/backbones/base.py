@@ -1,0 +1,201 @@
+"""What the four InLine backbones share: arch presets, attn_type parsing, the
+OpenMMLab backbone contract (out_indices, frozen_stages, with_cp, init_cfg)
+and checkpoint loading."""
+import re
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch.nn as nn
+import torch.utils.checkpoint as cp
+from mmengine.logging import MMLogger
+from mmengine.model import BaseModule
+from timm.layers import trunc_normal_
+from torch import Tensor
+
+from ..layers.windows import Window, to_window
+
+WindowSpec = Union[str, int, Sequence, None]
+
+
+def resolve_arch(cls_name: str, arch: Union[str, dict], settings: Dict[str, dict],
+                 overrides: dict) -> dict:
+    """Start from an arch preset (or a full dict) and apply explicit overrides."""
+    if isinstance(arch, str):
+        if arch not in settings:
+            raise ValueError(f"unknown arch {arch!r} for {cls_name}: choose one of "
+                             f"{', '.join(settings)} or pass a dict of structural arguments")
+        cfg = dict(settings[arch])
+    elif isinstance(arch, dict):
+        cfg = dict(arch)
+    else:
+        raise TypeError(f'arch of {cls_name} is a preset name or a dict, got {type(arch).__name__}')
+    cfg.update({k: v for k, v in overrides.items() if v is not None})
+    return cfg
+
+
+def parse_attn_type(attn_type: Union[str, Sequence[str]], depths: Sequence[int],
+                    allowed: str, cls_name: str) -> List[List[str]]:
+    """Expand the reference's attn_type into one ``'I'`` / ``'S'`` per block.
+
+    One letter a stage: ``'I'`` InLine, ``'S'`` softmax, ``'M'`` mixed (InLine in
+    the first k blocks of the stage, softmax after), with k written after the
+    stage letters as in the reference (``'IIMS2'``).  A list form
+    ``['I', 'I', 'M2', 'S']`` is accepted too.
+    """
+    num_stages = len(depths)
+    example = 'I' * num_stages
+    if isinstance(attn_type, str):
+        letters, suffix = attn_type[:num_stages], attn_type[num_stages:]
+        if len(letters) < num_stages or (suffix and not suffix.isdigit()):
+            raise ValueError(
+                f'attn_type {attn_type!r} does not fit {cls_name}: give one letter per stage '
+                f'({num_stages} stages, e.g. {example!r}), followed by the InLine block count '
+                f"of an 'M' stage if there is one (e.g. 'IIMS2')")
+        stages = [c + (suffix if c == 'M' else '') for c in letters]
+        if suffix and 'M' not in letters:
+            raise ValueError(f"attn_type {attn_type!r}: the trailing number is only allowed "
+                             f"with an 'M' stage")
+    else:
+        stages = list(attn_type)
+        if len(stages) != num_stages:
+            raise ValueError(f'attn_type {attn_type!r} has {len(stages)} entries but {cls_name} '
+                             f'has {num_stages} stages')
+    per_block = []
+    for stage, (code, depth) in enumerate(zip(stages, depths)):
+        match = re.fullmatch(r'([IS])|M(\d+)', code)
+        if match is None or code[0] not in allowed:
+            raise ValueError(f'attn_type {attn_type!r}: stage {stage} has {code!r}; {cls_name} '
+                             f"supports {', '.join(repr(a) for a in allowed)}"
+                             + (" ('M' needs its block count, e.g. 'IIMS2')" if code == 'M'
+                                else ''))
+        if match.group(1):
+            per_block.append([code] * depth)
+        else:
+            k = int(match.group(2))
+            per_block.append(['I' if i < k else 'S' for i in range(depth)])
+    return per_block
+
+
+def per_stage_windows(spec: WindowSpec, auto: Sequence[Window], name: str) -> List[Window]:
+    """Per-stage InLine windows.
+
+    ``'auto'``: ``auto`` (the family default); ``'global'`` / None: global in
+    every stage; an int or an ``(h, w)`` pair: that window in every stage; a
+    list with one entry per stage (int, pair, ``'global'`` or None).
+    """
+    n = len(auto)
+    if spec is None or spec == 'global':
+        return [(None, None)] * n
+    if spec == 'auto':
+        return list(auto)
+    if isinstance(spec, int) and not isinstance(spec, bool) and spec > 0:
+        return [(spec, spec)] * n
+    if isinstance(spec, (list, tuple)):
+        if len(spec) == 2 and all(s is None or isinstance(s, int) for s in spec):
+            return [(spec[0], spec[1])] * n
+        if len(spec) == n:
+            return [(None, None) if s in (None, 'global') else to_window(s) for s in spec]
+    raise ValueError(f"{name} is 'auto', 'global', a positive int, an (h, w) pair or a list "
+                     f'of {n} of those (one per stage), got {spec!r}')
+
+
+def init_transformer_weights(module: nn.Module) -> None:
+    """The authors' initialisation: trunc-normal Linear weights, unit LayerNorm."""
+    if isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class InLineBackbone(BaseModule):
+    """Base of the InLine backbones.
+
+    Subclasses build their layers, then call :meth:`_finish_init`; they
+    implement ``_stage_parts(i)`` (the modules / parameters of stage ``i``;
+    ``i = 0`` is the stem) for ``frozen_stages``, and a ``convert_checkpoint``
+    static method (a pure function, see :mod:`inline_mm.models.converters`).
+
+    Args:
+        out_indices: stages whose outputs are returned.
+        frozen_stages: stages (counting the stem as 0) kept frozen and in eval
+            mode; -1 freezes nothing.
+        with_cp: gradient checkpointing of every block.
+        init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads an authors'
+            or an OpenMMLab checkpoint (see :func:`inline_mm.checkpoint.load_pretrained`).
+    """
+
+    num_stages: int = 4
+
+    def __init__(self, out_indices: Sequence[int], frozen_stages: int, with_cp: bool,
+                 init_cfg: Optional[dict], num_stages: int = 4) -> None:
+        super().__init__(init_cfg=init_cfg)
+        self.num_stages = num_stages
+        name = type(self).__name__
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not 0 <= i < self.num_stages for i in out_indices):
+            raise ValueError(f'out_indices {out_indices} of {name} must be a non-empty subset '
+                             f'of 0..{self.num_stages - 1}')
+        if not -1 <= frozen_stages <= self.num_stages:
+            raise ValueError(f'frozen_stages of {name} is -1 (none) to {self.num_stages}, '
+                             f'got {frozen_stages}')
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.with_cp = with_cp
+
+    def _finish_init(self) -> None:
+        self.apply(init_transformer_weights)
+        self._freeze_stages()
+
+    # ------------------------------------------------------------ contract
+    def _stage_parts(self, i: int) -> List[Union[nn.Module, nn.Parameter]]:
+        raise NotImplementedError
+
+    def _freeze_stages(self) -> None:
+        for i in range(self.frozen_stages + 1):
+            for part in self._stage_parts(i):
+                if isinstance(part, nn.Parameter):
+                    part.requires_grad_(False)
+                else:
+                    part.eval()
+                    for p in part.parameters():
+                        p.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> 'InLineBackbone':
+        super().train(mode)
+        self._freeze_stages()
+        return self
+
+    def run_block(self, block: nn.Module, x: Tensor, hw: Tuple[int, int]) -> Tensor:
+        """Run one block, with gradient checkpointing when ``with_cp`` applies."""
+        if self.with_cp and x.requires_grad:
+            return cp.checkpoint(block, x, hw, use_reentrant=False)
+        return block(x, hw)
+
+    @staticmethod
+    def to_nchw(x: Tensor, hw: Tuple[int, int]) -> Tensor:
+        b, _, c = x.shape
+        return x.transpose(1, 2).reshape(b, c, hw[0], hw[1]).contiguous()
+
+    # ------------------------------------------------------------ weights
+    @staticmethod
+    def convert_checkpoint(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
+        raise NotImplementedError
+
+    #: keys of this model that no authors' checkpoint provides, with the reason
+    def documented_missing(self) -> Dict[str, str]:
+        return {}
+
+    def init_weights(self) -> None:
+        """Load ``init_cfg`` Pretrained weights, or keep the authors' random init."""
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            from ...checkpoint import load_pretrained
+            load_pretrained(self, cfg['checkpoint'],
+                            state_dict_key=cfg.get('state_dict_key'),
+                            prefix=cfg.get('prefix'),
+                            logger=MMLogger.get_current_instance())
+            self._is_init = True
+            return
+        super().init_weights()

@@ -1,0 +1,265 @@
+"""InLine-CSwin: CSWin Transformer with InLine blocks and cross-shaped softmax stripes."""
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from timm.layers import DropPath, Mlp
+from torch import Tensor
+
+from ...registry import register_model
+from ..converters import convert_cswin
+from ..layers.inline_attention import InLineCore, tokens_to_grid, zero_padded_tokens
+from ..layers.softmax_attention import softmax_attention
+from ..layers.windows import Window, pad_image, run_in_windows
+from .base import InLineBackbone, WindowSpec, parse_attn_type, per_stage_windows, resolve_arch
+
+
+def lepe_conv(dim: int) -> nn.Conv2d:
+    """Locally-enhanced positional encoding: a 3x3 depthwise conv of V per window."""
+    return nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)
+
+
+def apply_lepe(conv: nn.Conv2d, v: Tensor, window: Tuple[int, int],
+               valid: Optional[Tensor]) -> Tensor:
+    """LePE of ``(B', N, C)`` window tokens; padded tokens count as zero padding."""
+    grid = tokens_to_grid(zero_padded_tokens(v, valid), window)
+    return conv(grid).flatten(2).transpose(1, 2)
+
+
+def _in_windows(tensors: Sequence[Tensor], hw: Tuple[int, int], window: Window, fn) -> Tensor:
+    """Partition several ``(B, N, C)`` tensors into the same windows and apply ``fn``."""
+    b, _, c = tensors[0].shape
+    grid = torch.cat(tensors, dim=-1).view(b, hw[0], hw[1], -1)
+
+    def split_and_apply(windows, win, valid, bias):
+        return fn(*windows.split(c, dim=-1), win, valid, bias)
+
+    return run_in_windows(grid, window, split_and_apply).reshape(b, -1, c)
+
+
+class LePEAttention(nn.Module):
+    """CSWin softmax attention within stripes (or globally) with LePE.
+
+    Args:
+        dim, num_heads: channels and heads of this branch.
+        window: ``(None, s)`` vertical stripes, ``(s, None)`` horizontal
+            stripes, ``(None, None)`` global (the last stage).
+    """
+
+    def __init__(self, dim: int, num_heads: int, window: Window) -> None:
+        super().__init__()
+        self.get_v = lepe_conv(dim)
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.window = window
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _attend(self, q, k, v, window, valid, bias):
+        out = softmax_attention(self._heads(q), self._heads(k), self._heads(v), self.scale,
+                                mask=bias)
+        b, n, c = q.shape
+        return out.transpose(1, 2).reshape(b, n, c) + apply_lepe(self.get_v, v, window, valid)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, hw: Tuple[int, int]) -> Tensor:
+        return _in_windows((q, k, v), hw, self.window, self._attend)
+
+
+class CSWinInLineAttention(InLineCore):
+    """InLine attention of CSwin: one branch over windows (or globally), with LePE.
+
+    The local kernel is predicted from the mean of the raw block input (not the
+    normed one) over each window's real tokens, as in the reference.
+    """
+
+    def __init__(self, dim: int, num_heads: int, window: Window,
+                 kernel_func: str = 'identity') -> None:
+        super().__init__(dim, num_heads, kernel_func)
+        self.get_v = lepe_conv(dim)
+        self.window = window
+
+    def _attend(self, q, k, v, x, window, valid, bias):
+        return self.attend(q, k, v, x, window, valid) + apply_lepe(self.get_v, v, window, valid)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, hw: Tuple[int, int]) -> Tensor:
+        return _in_windows((q, k, v, x), hw, self.window, self._attend)
+
+
+class CSWinBlock(nn.Module):
+    """CSWin block (reference keys: qkv, norm1, proj, attns, mlp, norm2).
+
+    Args:
+        dim, num_heads, mlp_ratio, qkv_bias: block structure.
+        attn_type: ``'I'`` (one InLine branch) or ``'S'`` (softmax stripes).
+        split_size: softmax stripe width.
+        two_branches: softmax in two half-width branches (vertical and
+            horizontal stripes) instead of one global branch (the last stage).
+        inline_window: window of an InLine block.
+        kernel_func, drop, drop_path: see :class:`TransformerBlock`.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool,
+                 attn_type: str, split_size: int, two_branches: bool, inline_window: Window,
+                 kernel_func: str = 'identity', drop: float = 0., drop_path: float = 0.) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.norm1 = nn.LayerNorm(dim)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(drop)
+        if attn_type == 'I':
+            attns = [CSWinInLineAttention(dim, num_heads, inline_window, kernel_func)]
+        elif two_branches:
+            attns = [LePEAttention(dim // 2, num_heads // 2, (None, split_size)),
+                     LePEAttention(dim // 2, num_heads // 2, (split_size, None))]
+        else:
+            attns = [LePEAttention(dim, num_heads, (None, None))]
+        self.attns = nn.ModuleList(attns)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
+        self.norm2 = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor, hw: Tuple[int, int]) -> Tensor:
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        parts = len(self.attns)
+        if parts == 1:
+            out = self.attns[0](q, k, v, x, hw)
+        else:
+            splits = [t.chunk(parts, dim=-1) for t in (q, k, v, x)]
+            out = torch.cat([attn(*(s[i] for s in splits), hw)
+                             for i, attn in enumerate(self.attns)], dim=-1)
+        x = x + self.drop_path(self.proj_drop(self.proj(out)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class MergeBlock(nn.Module):
+    """3x3 stride-2 convolution + LayerNorm between stages (ceil(H / 2) outputs)."""
+
+    def __init__(self, dim: int, dim_out: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(dim, dim_out, 3, 2, 1)
+        self.norm = nn.LayerNorm(dim_out)
+
+    def forward(self, x: Tensor, hw: Tuple[int, int]) -> Tuple[Tensor, Tuple[int, int]]:
+        x = self.conv(tokens_to_grid(x, hw))
+        out_hw = (x.shape[2], x.shape[3])
+        return self.norm(x.flatten(2).transpose(1, 2)), out_hw
+
+
+class ConvStem(nn.Sequential):
+    """7x7 stride-4 convolution + LayerNorm (reference keys ``.0`` and ``.2``)."""
+
+    def __init__(self, in_channels: int, dim: int) -> None:
+        super().__init__(nn.Conv2d(in_channels, dim, 7, 4, 2), nn.Identity(), nn.LayerNorm(dim))
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, Tuple[int, int]]:
+        # Padding to a multiple of 4 makes the output ceil(H / 4) x ceil(W / 4).
+        x = self[0](pad_image(x, 4))
+        hw = (x.shape[2], x.shape[3])
+        return self[2](x.flatten(2).transpose(1, 2)), hw
+
+
+@register_model
+class InLineCSWin(InLineBackbone):
+    """InLine-CSwin backbone (strides 4 / 8 / 16 / 32, LayerNorm on each output).
+
+    InLine blocks are one branch attending within ``inline_window`` (default
+    ``'auto'``: the reference's ``la_split_size`` 56-28-14-7, i.e. the whole
+    224x224 training image, so the receptive field does not change with the
+    input size; ``'global'`` for linear cost over the whole image).  Softmax
+    blocks keep CSWin's cross-shaped stripes of width ``split_size`` (two
+    half-width branches; the last stage is global), with LePE.  Stripes and
+    windows clip to the feature map; padding is masked out.
+
+    Args:
+        arch: ``tiny | small | base`` or a dict of the arguments below.
+        in_channels: image channels.
+        embed_dims: stage-1 width (doubles every stage).
+        depths, num_heads: per-stage structure.
+        attn_type: one letter per stage (``I``, ``S``, ``M`` + count).
+        split_size: softmax stripe width per stage.
+        inline_window: InLine windows (see :func:`per_stage_windows`).
+        kernel_func, mlp_ratio, qkv_bias, drop_rate, drop_path_rate: block
+            settings (drop path 0.2 / 0.4 / 0.5 for T / S / B on ImageNet).
+        pretrain_img_size: training size; decides one- vs two-branch softmax
+            blocks (one where a stripe covered the whole map) and ``'auto'``.
+        out_indices, frozen_stages, with_cp, init_cfg: see :class:`InLineBackbone`.
+    """
+
+    arch_settings: Dict[str, dict] = {
+        'tiny': dict(embed_dims=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16),
+                     attn_type='IISS'),
+        'small': dict(embed_dims=64, depths=(3, 6, 29, 2), num_heads=(2, 4, 8, 16),
+                      attn_type='IISS'),
+        'base': dict(embed_dims=96, depths=(3, 6, 29, 2), num_heads=(4, 8, 16, 32),
+                     attn_type='IISS'),
+    }
+
+    def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3,
+                 embed_dims: Optional[int] = None, depths: Optional[Sequence[int]] = None,
+                 num_heads: Optional[Sequence[int]] = None, attn_type: Optional[str] = None,
+                 split_size: Sequence[int] = (1, 2, 7, 7), inline_window: WindowSpec = 'auto',
+                 kernel_func: str = 'identity', mlp_ratio: float = 4., qkv_bias: bool = True,
+                 drop_rate: float = 0., drop_path_rate: float = 0.2,
+                 pretrain_img_size: int = 224, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 frozen_stages: int = -1, with_cp: bool = False,
+                 init_cfg: Optional[dict] = None) -> None:
+        super().__init__(out_indices, frozen_stages, with_cp, init_cfg)
+        cfg = resolve_arch('InLineCSWin', arch, self.arch_settings, dict(
+            embed_dims=embed_dims, depths=depths, num_heads=num_heads, attn_type=attn_type))
+        self.depths = list(cfg['depths'])
+        dims = [cfg['embed_dims'] * 2 ** i for i in range(self.num_stages)]
+        self.embed_dims = dims
+        if len(split_size) != self.num_stages:
+            raise ValueError(f'split_size needs one stripe width per stage, got {split_size!r}')
+        block_types = parse_attn_type(cfg['attn_type'], self.depths, 'ISM', 'InLineCSWin')
+        reso = [pretrain_img_size // (4 * 2 ** i) for i in range(self.num_stages)]
+        inline_windows = per_stage_windows(inline_window, [(r, r) for r in reso],
+                                           'inline_window')
+        self.stage1_conv_embed = ConvStem(in_channels, dims[0])
+        dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
+        cur = 0
+        for i, depth in enumerate(self.depths):
+            if i > 0:
+                self.add_module(f'merge{i}', MergeBlock(dims[i - 1], dims[i]))
+            two_branches = i < self.num_stages - 1 and split_size[i] < reso[i]
+            self.add_module(f'stage{i + 1}', nn.ModuleList([
+                CSWinBlock(dims[i], cfg['num_heads'][i], mlp_ratio, qkv_bias,
+                           block_types[i][j], split_size[i], two_branches, inline_windows[i],
+                           kernel_func, drop_rate, dpr[cur + j])
+                for j in range(depth)]))
+            cur += depth
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', nn.LayerNorm(dims[i]))
+        self._finish_init()
+
+    convert_checkpoint = staticmethod(convert_cswin)
+
+    def documented_missing(self) -> Dict[str, str]:
+        return {f'norm{i}.{p}': 'output norm added for dense prediction'
+                for i in self.out_indices if i != self.num_stages - 1
+                for p in ('weight', 'bias')}
+
+    def _stage_parts(self, i: int) -> List[Union[nn.Module, nn.Parameter]]:
+        if i == 0:
+            return [self.stage1_conv_embed]
+        parts: List[Union[nn.Module, nn.Parameter]] = [getattr(self, f'stage{i}')]
+        if i > 1:
+            parts.append(getattr(self, f'merge{i - 1}'))
+        if hasattr(self, f'norm{i - 1}'):
+            parts.append(getattr(self, f'norm{i - 1}'))
+        return parts
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        x, hw = self.stage1_conv_embed(x)
+        outs = []
+        for i in range(self.num_stages):
+            if i > 0:
+                x, hw = getattr(self, f'merge{i}')(x, hw)
+            for block in getattr(self, f'stage{i + 1}'):
+                x = self.run_block(block, x, hw)
+            if i in self.out_indices:
+                outs.append(self.to_nchw(getattr(self, f'norm{i}')(x), hw))
+        return tuple(outs)

@@ -1,0 +1,211 @@
+"""InLine (injective linear) attention, shared by every backbone family.
+
+Per head, with scale ``s = d ** -0.5`` and ``N`` real tokens, the authors'
+reference computes::
+
+    kv = (K^T * sqrt(s / N)) @ (V * sqrt(s / N))
+    O  = Q @ kv + (1 - s * Q @ mean(K)^T) * mean(V)
+
+which is algebraically the centred form used here::
+
+    O = s * Q @ Cov(K, V) + mean(V),   Cov(K, V) = K^T V / N - mean(K)^T mean(V)
+
+one ``d x d`` matrix per head: cost ``O(N d^2)``, no ``N x N`` matrix.  The
+token reductions (means and ``K^T V``) run in fp32 even under autocast, so
+fp16 / bf16 training on tens of thousands of tokens stays finite.  Padded
+tokens (windows over a padded map) are excluded: ``N`` counts real tokens.
+
+The local-modeling branch adds a per-sample 3x3 depthwise convolution of ``V``
+on the token grid, whose kernel is predicted from the token mean of the
+attention input.
+"""
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _exp_kernel(x: Tensor) -> Tensor:
+    return torch.exp(0.2 * x)
+
+
+#: Kernel functions phi of the reference (``exp`` is exp(0.2 x)).
+KERNEL_FUNCS: Dict[str, Optional[Callable[[Tensor], Tensor]]] = {
+    'identity': None,
+    'relu': F.relu,
+    'leakyrelu': F.leaky_relu,
+    'exp': _exp_kernel,
+}
+
+
+def inline_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
+                     valid: Optional[Tensor] = None) -> Tensor:
+    """InLine attention in the centred form.
+
+    Args:
+        q, k, v: ``(B, heads, N, d)``, kernel function already applied.
+        scale: ``s``, normally ``d ** -0.5``.
+        valid: optional ``(B, N)`` bool mask of real tokens; padded tokens are
+            left out of every sum and of ``N``.
+
+    Returns:
+        ``(B, heads, N, d)`` in the dtype of ``q``.
+    """
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        k32, v32 = k.float(), v.float()
+        if valid is None:
+            n = k.shape[-2]
+            k_mean = k32.mean(dim=-2, keepdim=True)
+            v_mean = v32.mean(dim=-2, keepdim=True)
+        else:
+            weight = valid[:, None, :, None].to(torch.float32)
+            n = weight.sum(dim=-2, keepdim=True).clamp_min(1.0)
+            k32 = k32 * weight
+            k_mean = k32.sum(dim=-2, keepdim=True) / n
+            v_mean = (v32 * weight).sum(dim=-2, keepdim=True) / n
+        cov = torch.matmul(k32.transpose(-2, -1), v32).div_(n)
+        cov = cov.sub_(k_mean.transpose(-2, -1) * v_mean).mul_(scale)
+    return torch.matmul(q, cov.to(q.dtype)).add_(v_mean.to(q.dtype))
+
+
+def masked_token_mean(x: Tensor, valid: Optional[Tensor]) -> Tensor:
+    """Mean over tokens of ``(B, N, C)`` in fp32, over real tokens only."""
+    x = x.float()
+    if valid is None:
+        return x.mean(dim=1)
+    weight = valid.unsqueeze(-1).to(torch.float32)
+    return (x * weight).sum(dim=1) / weight.sum(dim=1).clamp_min(1.0)
+
+
+def zero_padded_tokens(x: Tensor, valid: Optional[Tensor]) -> Tensor:
+    """Zero the padded tokens of ``(B, N, C)`` so 3x3 convolutions see zero padding."""
+    return x if valid is None else x * valid.unsqueeze(-1).to(x.dtype)
+
+
+def tokens_to_grid(x: Tensor, hw: Tuple[int, int]) -> Tensor:
+    """``(B, h*w, C)`` -> ``(B, C, h, w)``."""
+    b, _, c = x.shape
+    return x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
+
+
+class InLineCore(nn.Module):
+    """InLine attention on already projected q / k / v, plus the local branch.
+
+    Holds the parameters of the local-modeling branch (``residual``: the
+    kernel predictor of the reference, same key names) and applies the
+    attention; the family modules add their own projections around it.
+
+    Args:
+        dim: channels of q / k / v.
+        num_heads: attention heads.
+        kernel_func: phi, one of ``identity | relu | leakyrelu | exp``.
+        num_prefix_tokens: leading tokens (DeiT's cls token) that take part in
+            the attention but are not on the grid of the local branch.
+    """
+
+    def __init__(self, dim: int, num_heads: int, kernel_func: str = 'identity',
+                 num_prefix_tokens: int = 0) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+        if kernel_func not in KERNEL_FUNCS:
+            raise ValueError(f'unknown kernel_func {kernel_func!r}: use one of '
+                             f'{sorted(KERNEL_FUNCS)}')
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.kernel_func = kernel_func
+        self.phi = KERNEL_FUNCS[kernel_func]
+        self.num_prefix_tokens = num_prefix_tokens
+        self.residual = nn.Sequential(
+            nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads),
+            nn.GELU(),
+            nn.Conv1d(dim, dim * 9, kernel_size=1, groups=num_heads))
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, n, _ = x.shape
+        return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def local_branch(self, v: Tensor, kernel_src: Tensor, hw: Tuple[int, int],
+                     valid: Optional[Tensor] = None) -> Tensor:
+        """Per-sample 3x3 depthwise convolution of ``v`` on its ``hw`` grid.
+
+        The kernel of each sample and channel is predicted from the mean of
+        ``kernel_src`` over its real tokens.  Returns ``(B, h*w, C)``.
+        """
+        b, _, c = v.shape
+        mean = masked_token_mean(kernel_src, valid).to(v.dtype)
+        weight = self.residual(mean.unsqueeze(-1)).reshape(b * c, 1, 3, 3)
+        grid = tokens_to_grid(zero_padded_tokens(v, valid), hw).reshape(1, b * c, *hw)
+        out = F.conv2d(grid, weight.to(grid.dtype), padding=1, groups=b * c)
+        return out.reshape(b, c, -1).transpose(1, 2)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, kernel_src: Tensor,
+               hw: Tuple[int, int], valid: Optional[Tensor] = None) -> Tensor:
+        """InLine attention + local branch.
+
+        Args:
+            q, k, v: ``(B, N, C)`` projected tokens (``N = prefix + h * w``).
+            kernel_src: ``(B, N, C)`` tokens whose mean predicts the local kernel.
+            hw: the token grid ``(h, w)`` (without prefix tokens).
+            valid: ``(B, N)`` bool mask of real tokens, or None.
+
+        Returns:
+            ``(B, N, C)``, before the output projection.
+        """
+        b, n, c = q.shape
+        if self.phi is not None:
+            q, k = self.phi(q), self.phi(k)
+        out = inline_attention(self._heads(q), self._heads(k), self._heads(v),
+                               self.scale, valid)
+        out = out.transpose(1, 2).reshape(b, n, c)
+        p = self.num_prefix_tokens
+        if p == 0:
+            return out + self.local_branch(v, kernel_src, hw, valid)
+        grid_valid = None if valid is None else valid[:, p:]
+        local = self.local_branch(v[:, p:], kernel_src, hw, grid_valid)
+        return torch.cat([out[:, :p], out[:, p:] + local], dim=1)
+
+
+class InLineAttention(InLineCore):
+    """InLine attention with input / output projections (PVT, Swin, DeiT).
+
+    Args:
+        dim: channels.
+        num_heads: heads.
+        qkv_bias: bias on the q / k / v projections.
+        kernel_func: see :class:`InLineCore`.
+        num_prefix_tokens: see :class:`InLineCore`.
+        separate_q: project q and kv with two layers (``q``, ``kv``: the PVT
+            layout) instead of one fused ``qkv`` layer.
+        attn_drop: unused by InLine (no attention matrix); accepted for
+            signature compatibility.
+        proj_drop: dropout after the output projection.
+    """
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
+                 kernel_func: str = 'identity', num_prefix_tokens: int = 0,
+                 separate_q: bool = False, proj_drop: float = 0.) -> None:
+        super().__init__(dim, num_heads, kernel_func, num_prefix_tokens)
+        self.separate_q = separate_q
+        if separate_q:
+            self.q = nn.Linear(dim, dim, bias=qkv_bias)
+            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        else:
+            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x: Tensor, hw: Tuple[int, int], valid: Optional[Tensor] = None
+                ) -> Tensor:
+        """``x``: ``(B, N, C)`` normed tokens on an ``hw`` grid (after prefix tokens)."""
+        if self.separate_q:
+            q = self.q(x)
+            k, v = self.kv(x).chunk(2, dim=-1)
+        else:
+            q, k, v = self.qkv(x).chunk(3, dim=-1)
+        out = self.attend(q, k, v, x, hw, valid)
+        return self.proj_drop(self.proj(out))

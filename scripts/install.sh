@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# One install path for every command of the project (make demo, make test, CI).
+#
+# Creates .venv in the checkout with Python 3.11 and installs the pinned
+# OpenMMLab stack in the order the toolkits need, then inline-mm in editable
+# mode.  mmcv 2.1.0 has no wheel for torch 2.14: it is built once from its sdist
+# with the compiled ops (C++20, as torch 2.14's headers require) and the wheel
+# is cached outside the checkout so later installs reuse it.
+#
+# Idempotent: a second run checks a stamp and returns in seconds.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${INLINE_MM_VENV:-$ROOT/.venv}"
+PYTHON_BIN="${PYTHON:-python3.11}"
+
+TORCH_VERSION=2.14.1
+TORCHVISION_VERSION=0.29.1
+SETUPTOOLS_SPEC='setuptools>=77,<81'
+MMENGINE_VERSION=0.10.7
+MMCV_VERSION=2.1.0
+MMDET_VERSION=3.3.0
+MMSEG_VERSION=1.2.2
+TIMM_SPEC='timm>=1.0,<1.1'
+
+CACHE_DIR="${INLINE_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inline-mm}"
+WHEEL_DIR="$CACHE_DIR/wheels/mmcv-$MMCV_VERSION-torch$TORCH_VERSION-py311"
+
+say() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
+die() { printf '\033[31m[install] ERROR:\033[0m %s\n' "$*" >&2; exit 1; }
+step() {  # step "description" command...
+  local what="$1"; shift
+  say "$what"
+  "$@" || die "step failed: $what (command: $*)"
+}
+
+# The stamp records everything that decides the environment's content; when it
+# matches, the environment is complete and nothing is reinstalled.
+STAMP_CONTENT="torch=$TORCH_VERSION tv=$TORCHVISION_VERSION mmengine=$MMENGINE_VERSION mmcv=$MMCV_VERSION mmdet=$MMDET_VERSION mmseg=$MMSEG_VERSION timm=$TIMM_SPEC setup=$(sha1sum "$ROOT/setup.cfg" | cut -c1-12)"
+STAMP="$VENV/.inline-mm-installed"
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
+   && "$VENV/bin/python" -c 'import inline_mm' 2>/dev/null; then
+  say "environment up to date: $VENV"
+  exit 0
+fi
+
+command -v "$PYTHON_BIN" >/dev/null || die "$PYTHON_BIN not found: inline-mm needs CPython 3.11 (set PYTHON=/path/to/python3.11)"
+"$PYTHON_BIN" -c 'import sys; assert sys.version_info[:2] == (3, 11)' \
+  || die "$PYTHON_BIN is not Python 3.11 (the pinned torch / mmcv builds are for 3.11)"
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  step "creating virtual environment $VENV" "$PYTHON_BIN" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip install --disable-pip-version-check)
+
+step "upgrading pip and wheel" "${PIP[@]}" -q --upgrade pip wheel
+step "installing torch $TORCH_VERSION + torchvision $TORCHVISION_VERSION (large: a few minutes the first time)" \
+  "${PIP[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+step "installing $SETUPTOOLS_SPEC (mmengine imports pkg_resources)" "${PIP[@]}" -q "$SETUPTOOLS_SPEC"
+step "installing mmengine $MMENGINE_VERSION" "${PIP[@]}" -q "mmengine==$MMENGINE_VERSION" 'numpy<2'
+
+mmcv_ops_ok() {
+  "$PY" - <<'PYEOF' 2>/dev/null
+import torch, mmcv
+from mmcv.ops import RoIAlign, nms, batched_nms
+assert mmcv.__version__ == '2.1.0'
+boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 11., 11.], [50., 50., 60., 60.]])
+scores = torch.tensor([0.9, 0.8, 0.7])
+keep = nms(boxes, scores, 0.5)[1]
+assert keep.tolist() == [0, 2], keep
+feat = torch.arange(64.).view(1, 1, 8, 8)
+out = RoIAlign((2, 2), 1.0, 2)(feat, torch.tensor([[0., 0., 0., 4., 4.]]))
+assert out.shape == (1, 1, 2, 2)
+PYEOF
+}
+
+if mmcv_ops_ok; then
+  say "mmcv $MMCV_VERSION with ops already installed"
+else
+  shopt -s nullglob
+  wheels=("$WHEEL_DIR"/mmcv-"$MMCV_VERSION"-*.whl)
+  if (( ${#wheels[@]} == 0 )); then
+    say "no cached mmcv wheel in $WHEEL_DIR: building mmcv $MMCV_VERSION with ops from its sdist (about 8 minutes on 2 cores)"
+    BUILD="$(mktemp -d)"
+    trap 'rm -rf "$BUILD"' EXIT
+    step "downloading the mmcv $MMCV_VERSION sdist" \
+      "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$BUILD" "mmcv==$MMCV_VERSION"
+    step "unpacking the sdist" tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
+    SRC="$BUILD/mmcv-$MMCV_VERSION"
+    # torch 2.14's headers stop with '#error C++20 or later compatible compiler
+    # is required': mmcv's setup.py pins c++14 / c++17, so raise it to c++20.
+    sed -i -E 's/-std=c\+\+1[47]/-std=c++20/g; s#/std:c\+\+1[47]#/std:c++20#g' "$SRC/setup.py"
+    grep -q 'std=c++20' "$SRC/setup.py" || die "could not rewrite the C++ standard in mmcv's setup.py"
+    step "installing mmcv's build requirements" "${PIP[@]}" -q ninja packaging addict yapf pyyaml
+    mkdir -p "$WHEEL_DIR"
+    (
+      cd "$SRC"
+      export MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+      step "compiling mmcv $MMCV_VERSION ops (MMCV_WITH_OPS=1, -std=c++20, $MAX_JOBS jobs)" \
+        "$PY" -m pip wheel --no-build-isolation --no-deps -w "$BUILD/dist" .
+    )
+    wheels=("$BUILD"/dist/mmcv-"$MMCV_VERSION"-*.whl)
+    (( ${#wheels[@]} == 1 )) || die "mmcv build produced no wheel"
+    # Copy then rename so a half-written wheel never sits in the cache.
+    cp "${wheels[0]}" "$WHEEL_DIR/.partial" && mv "$WHEEL_DIR/.partial" "$WHEEL_DIR/$(basename "${wheels[0]}")"
+    wheels=("$WHEEL_DIR/$(basename "${wheels[0]}")")
+    say "cached the mmcv wheel at ${wheels[0]}"
+  else
+    say "reusing cached mmcv wheel ${wheels[0]}"
+  fi
+  step "installing mmcv $MMCV_VERSION" "${PIP[@]}" -q --no-deps "${wheels[0]}"
+  step "installing mmcv's runtime requirements" "${PIP[@]}" -q addict packaging pillow pyyaml yapf opencv-python 'numpy<2'
+  mmcv_ops_ok || die "mmcv $MMCV_VERSION is installed but its compiled ops do not run (RoIAlign / nms); remove $WHEEL_DIR to force a rebuild"
+fi
+
+step "installing mmdet $MMDET_VERSION, mmsegmentation $MMSEG_VERSION, $TIMM_SPEC, pycocotools" \
+  "${PIP[@]}" -q "mmdet==$MMDET_VERSION" "mmsegmentation==$MMSEG_VERSION" "$TIMM_SPEC" pycocotools \
+  "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" "mmcv==$MMCV_VERSION" "$SETUPTOOLS_SPEC"
+step "installing inline-mm (editable) with its test extras" "${PIP[@]}" -q --no-build-isolation -e "$ROOT[tests]"
+step "checking the stack imports" "$PY" -c 'import mmcv, mmdet, mmseg, timm, inline_mm; from mmcv.ops import RoIAlign, nms'
+echo "$STAMP_CONTENT" > "$STAMP"
+say "done: $VENV"

@@ -1,0 +1,21 @@
+"""Shared test settings: CPU only, deterministic, few threads (CI has 2 cores)."""
+import os
+import sys
+
+import pytest
+import torch
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFERENCE_DIR = os.path.join(os.path.dirname(REPO_ROOT), 'shared', 'reference')
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
+
+
+def python_exe() -> str:
+    return sys.executable

@@ -1,0 +1,121 @@
+"""The shared InLine attention against a direct transcription of the formula."""
+import math
+
+import pytest
+import torch
+
+from inline_mm.models.layers.inline_attention import (InLineAttention, InLineCore,
+                                                       inline_attention)
+from inline_mm.models.layers.windows import run_in_windows
+
+
+def dense_inline(q, k, v, scale):
+    """O_i = sum_j InL(Q_i)_j V_j with the N x N weights written out (paper, eq. 5)."""
+    n = k.shape[-2]
+    logits = (scale / n) * q @ k.transpose(-2, -1)             # phi(Q_i)^T phi(K_j), s/N folded
+    weights = logits - logits.mean(dim=-1, keepdim=True) + 1.0 / n
+    return weights @ v, weights
+
+
+def authors_form(q, k, v, scale):
+    """The reference's arrangement: kv with sqrt(s/N) on both sides, plus the mean term."""
+    n = k.shape[-2]
+    kv = (k.transpose(-2, -1) * (scale / n) ** 0.5) @ (v * (scale / n) ** 0.5)
+    return q @ kv + (1 - q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) * scale) \
+        * v.mean(dim=2, keepdim=True)
+
+
+@pytest.mark.parametrize('n', [1, 7, 196])
+def test_centred_form_matches_dense_and_authors(n):
+    torch.manual_seed(n)
+    q, k, v = (torch.randn(2, 3, n, 16) * 2 + 0.5 for _ in range(3))
+    scale = 16 ** -0.5
+    ours = inline_attention(q, k, v, scale)
+    dense, weights = dense_inline(q.double(), k.double(), v.double(), scale)
+    torch.testing.assert_close(weights.sum(-1), torch.ones_like(weights.sum(-1)))
+    torch.testing.assert_close(ours.double(), dense, rtol=1e-5, atol=1e-5)
+    ref = authors_form(q, k, v, scale)
+    rel = (ours - ref).abs().max() / ref.abs().max()
+    assert rel < 1e-5
+
+
+def test_masked_tokens_do_not_contribute():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 10, 8) for _ in range(3))
+    valid = torch.tensor([[True] * 6 + [False] * 4])
+    ours = inline_attention(q, k, v, 8 ** -0.5, valid)
+    ref = inline_attention(q[:, :, :6], k[:, :, :6], v[:, :, :6], 8 ** -0.5)
+    torch.testing.assert_close(ours[:, :, :6], ref)
+    # changing padded tokens changes nothing for real ones
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 6:] += 100
+    v2[:, :, 6:] -= 50
+    torch.testing.assert_close(inline_attention(q, k2, v2, 8 ** -0.5, valid)[:, :, :6], ref)
+
+
+def test_fp16_reductions_do_not_overflow():
+    """60k tokens of magnitude ~8: fp16 sums of K^T V overflow (>65504); ours stay in fp32."""
+    torch.manual_seed(0)
+    n = 60000
+    q = torch.randn(1, 1, n, 8)
+    k = torch.randn(1, 1, n, 8) + 8
+    v = torch.randn(1, 1, n, 8) + 8
+    naive = (k.half().transpose(-2, -1) @ v.half())
+    assert not torch.isfinite(naive).all()  # the failure mode this guards against
+    out = inline_attention(q.half(), k.half(), v.half(), 8 ** -0.5)
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    ref = inline_attention(q, k, v, 8 ** -0.5)
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize('kernel', ['identity', 'relu', 'leakyrelu', 'exp'])
+def test_module_matches_reference_module(kernel):
+    """InLineAttention == the reference's Swin InLineAttention written out inline."""
+    torch.manual_seed(0)
+    dim, heads, h, w = 32, 4, 5, 7
+    attn = InLineAttention(dim, heads, kernel_func=kernel).eval()
+    x = torch.randn(3, h * w, dim)
+    phi = {'identity': lambda t: t, 'relu': torch.relu,
+           'leakyrelu': torch.nn.functional.leaky_relu,
+           'exp': lambda t: torch.exp(0.2 * t)}[kernel]
+    b, n, c = x.shape
+    q, k, v = attn.qkv(x).reshape(b, n, 3, c).permute(2, 0, 1, 3)
+    q, k = phi(q), phi(k)
+    split = lambda t: t.reshape(b, n, heads, c // heads).permute(0, 2, 1, 3)  # noqa: E731
+    out = authors_form(split(q), split(k), split(v), (c // heads) ** -0.5)
+    out = out.transpose(1, 2).reshape(b, n, c)
+    res_w = attn.residual(x.mean(dim=1).unsqueeze(-1)).reshape(b * c, 1, 3, 3)
+    vg = v.reshape(b, h, w, c).permute(0, 3, 1, 2).reshape(1, b * c, h, w)
+    local = torch.nn.functional.conv2d(vg, res_w, None, padding=1, groups=b * c)
+    ref = attn.proj(out + local.reshape(b, c, n).permute(0, 2, 1))
+    torch.testing.assert_close(attn(x, (h, w)), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_invariance_in_windows():
+    """Tokens of a window cut by the map border equal the attention on the real part alone."""
+    torch.manual_seed(0)
+    dim, heads = 16, 2
+    attn = InLineAttention(dim, heads).eval()
+    x = torch.randn(1, 10, 11, dim)
+    out = run_in_windows(x, (8, 8), lambda win, wsz, valid, bias: attn(win, wsz, valid))
+    # bottom-right window: rows 8..9, cols 8..10 are real, the rest is padding
+    corner = x[:, 8:, 8:].reshape(1, -1, dim)
+    ref = attn(corner, (2, 3)).reshape(1, 2, 3, dim)
+    torch.testing.assert_close(out[:, 8:, 8:], ref, rtol=1e-5, atol=1e-6)
+    # right edge window: rows 0..7, cols 8..10
+    edge = x[:, :8, 8:].reshape(1, -1, dim)
+    torch.testing.assert_close(out[:, :8, 8:], attn(edge, (8, 3)).reshape(1, 8, 3, dim),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_prefix_token_takes_part_but_gets_no_local_term():
+    torch.manual_seed(0)
+    core = InLineCore(16, 2, num_prefix_tokens=1)
+    q, k, v = (torch.randn(2, 1 + 12, 16) for _ in range(3))
+    out = core.attend(q, k, v, q, (3, 4))
+    heads = lambda t: t.view(2, 13, 2, 8).transpose(1, 2)  # noqa: E731
+    global_part = inline_attention(heads(q), heads(k), heads(v), 8 ** -0.5)
+    global_part = global_part.transpose(1, 2).reshape(2, 13, 16)
+    torch.testing.assert_close(out[:, 0], global_part[:, 0])
+    assert not torch.allclose(out[:, 1:], global_part[:, 1:])
+    assert math.isclose(core.scale, 8 ** -0.5)

@@ -1,0 +1,197 @@
+"""The four backbone families: shapes at any size, the backbone contract, windows."""
+import math
+
+import pytest
+import torch
+
+from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
+from inline_mm.models.layers.blocks import TransformerBlock
+from inline_mm.models.layers.windows import run_in_windows
+
+# Reduced depths keep CPU tests fast while keeping every kind of block:
+# Swin / CSwin get two blocks in their softmax stage (plain and shifted / two branches).
+SMALL = {
+    InLinePVT: dict(arch='tiny', depths=[1, 1, 1, 1]),
+    InLineSwin: dict(arch='tiny', depths=[1, 1, 2, 2]),
+    InLineCSWin: dict(arch='tiny', depths=[1, 1, 2, 1]),
+    InLineDeiT: dict(arch='tiny', depth=4, out_indices=(0, 1, 2, 3)),
+}
+CHANNELS = {
+    InLinePVT: [64, 128, 320, 512],
+    InLineSwin: [96, 192, 384, 768],
+    InLineCSWin: [64, 128, 256, 512],
+    InLineDeiT: [192] * 4,
+}
+
+
+def expected_sizes(cls, h, w):
+    strides = [16] * 4 if cls is InLineDeiT else [4, 8, 16, 32]
+    return [(math.ceil(h / s), math.ceil(w / s)) for s in strides]
+
+
+@pytest.mark.parametrize('cls', list(SMALL))
+@pytest.mark.parametrize('hw', [(224, 224), (800, 1333), (97, 131), (45, 33), (32, 32)])
+def test_output_shapes_any_size(cls, hw):
+    model = cls(**SMALL[cls]).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, *hw))
+    assert len(outs) == 4
+    for out, c, size in zip(outs, CHANNELS[cls], expected_sizes(cls, *hw)):
+        assert out.shape == (1, c, *size)
+        assert torch.isfinite(out).all()
+
+
+ARCHS = [(InLinePVT, a) for a in ('tiny', 'small', 'medium', 'large')] + \
+        [(InLineSwin, a) for a in ('tiny', 'small', 'base')] + \
+        [(InLineCSWin, a) for a in ('tiny', 'small', 'base')] + \
+        [(InLineDeiT, a) for a in ('tiny', 'small', 'base')]
+
+
+@pytest.mark.parametrize('cls,arch', ARCHS)
+def test_every_arch_at_224_and_odd_size(cls, arch):
+    model = cls(arch=arch).eval()
+    with torch.no_grad():
+        for hw in [(224, 224), (45, 33)]:
+            outs = model(torch.randn(1, 3, *hw))
+            sizes = expected_sizes(cls, *hw)
+            if cls is InLineDeiT:
+                assert [o.shape[1] for o in outs] == [model.embed_dims] * 4
+            else:
+                assert [o.shape[1] for o in outs] == model.embed_dims
+            assert [tuple(o.shape[2:]) for o in outs] == sizes
+            assert all(torch.isfinite(o).all() for o in outs)
+
+
+@pytest.mark.parametrize('cls', list(SMALL))
+def test_out_indices_subset(cls):
+    kwargs = dict(SMALL[cls], out_indices=(1, 3))
+    model = cls(**kwargs).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 64, 96))
+    assert len(outs) == 2
+    if cls is not InLineDeiT:
+        assert [o.shape[1] for o in outs] == [CHANNELS[cls][1], CHANNELS[cls][3]]
+        assert [tuple(o.shape[2:]) for o in outs] == [expected_sizes(cls, 64, 96)[i]
+                                                     for i in (1, 3)]
+
+
+@pytest.mark.parametrize('cls', list(SMALL))
+def test_frozen_stages(cls):
+    model = cls(**dict(SMALL[cls], frozen_stages=1, drop_path_rate=0.1))
+    frozen = model._stage_parts(0) + model._stage_parts(1)
+    later = model._stage_parts(2)
+    assert model.train() is model  # train() returns self
+    for part in frozen:
+        params = [part] if isinstance(part, torch.nn.Parameter) else list(part.parameters())
+        assert params and not any(p.requires_grad for p in params)
+        if isinstance(part, torch.nn.Module):
+            assert not any(m.training for m in part.modules())
+    for part in later:
+        if isinstance(part, torch.nn.Module):
+            assert part.training
+            assert all(p.requires_grad for p in part.parameters())
+    # gradients do not reach frozen parameters
+    model(torch.randn(1, 3, 64, 64))[-1].sum().backward()
+    assert all(p.grad is None for part in frozen for p in (
+        [part] if isinstance(part, torch.nn.Parameter) else part.parameters()))
+
+
+@pytest.mark.parametrize('cls', list(SMALL))
+def test_with_cp_same_outputs_and_gradients(cls):
+    torch.manual_seed(0)
+    # no stochastic depth, so both runs are deterministic in train mode
+    plain = cls(**dict(SMALL[cls], drop_path_rate=0.))
+    ckpt = cls(**dict(SMALL[cls], drop_path_rate=0., with_cp=True))
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 64, 80)
+    outs_a, outs_b = plain(x), ckpt(x)
+    for a, b in zip(outs_a, outs_b):
+        torch.testing.assert_close(a, b)
+    sum(o.square().mean() for o in outs_a).backward()
+    sum(o.square().mean() for o in outs_b).backward()
+    for (name, pa), pb in zip(plain.named_parameters(), ckpt.parameters()):
+        if pa.grad is None:
+            assert pb.grad is None, name
+        else:
+            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_bf16_autocast_finite_at_1333x800():
+    model = InLinePVT(arch='tiny', depths=[1, 1, 1, 1]).eval()
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(1, 3, 800, 1333) * 3)
+    assert outs[0].shape == (1, 64, 200, 334)
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+
+
+def test_pos_embed_resized_bilinear_and_cached():
+    model = InLinePVT(arch='tiny', depths=[1, 1, 1, 1]).eval()
+    resizer = model._pos_resizer
+    with torch.no_grad():
+        a = resizer(model.pos_embed1, (20, 30), model.pos_grids[0])
+        b = resizer(model.pos_embed1, (20, 30), model.pos_grids[0])
+    assert a is b and a.shape == (1, 600, 64)
+    grid = model.pos_embed1.detach().reshape(1, 56, 56, 64).permute(0, 3, 1, 2)
+    ref = torch.nn.functional.interpolate(grid, size=(20, 30), mode='bilinear',
+                                          align_corners=False)
+    torch.testing.assert_close(a, ref.flatten(2).transpose(1, 2))
+    with torch.no_grad():
+        model.pos_embed1.add_(1.0)  # an update invalidates the cache
+        c = resizer(model.pos_embed1, (20, 30), model.pos_grids[0])
+    torch.testing.assert_close(c, a + 1.0)
+
+
+def test_swin_windows_clip_and_shift_masks():
+    """A shifted softmax block on a padded map equals the unshifted computation with masks."""
+    torch.manual_seed(0)
+    block = TransformerBlock(32, 2, attn_type='S', window=(7, 7), shift=3,
+                             table_window=(7, 7)).eval()
+    # map smaller than the window along H: clipped to 5 rows, shift dropped on that axis
+    x = torch.randn(1, 5 * 16, 32)
+    with torch.no_grad():
+        y = block(x, (5, 16))
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    # padded tokens never receive attention: perturbing the zero padding changes nothing
+    calls = []
+
+    def spy(win, wsz, valid, bias):
+        calls.append((wsz, None if bias is None else bias.shape))
+        return win
+
+    run_in_windows(torch.randn(1, 10, 16, 8), (7, 7), spy, shift=3)
+    assert calls == [((7, 7), (6, 49, 49))]
+
+
+def test_inline_window_options():
+    base = dict(arch='tiny', depths=[1, 1, 1, 1])
+    m_global = InLineSwin(**base, attn_type='IIII', inline_window='global').eval()
+    m_auto = InLineSwin(**base, attn_type='IIII').eval()
+    m_auto.load_state_dict(m_global.state_dict())
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        # at the pretraining size 'auto' windows cover the whole map: identical
+        for a, b in zip(m_global(x), m_auto(x)):
+            torch.testing.assert_close(a, b)
+        x = torch.randn(1, 3, 320, 288)
+        differs = [not torch.allclose(a, b) for a, b in zip(m_global(x), m_auto(x))]
+    assert differs[0]
+    m_rect = InLineSwin(**base, attn_type='IIII', inline_window=(8, 24)).eval()
+    with torch.no_grad():
+        assert m_rect(x)[0].shape == (1, 96, 80, 72)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(cls=InLinePVT, arch='tiniest'), "unknown arch 'tiniest' for InLinePVT"),
+    (dict(cls=InLineSwin, attn_type='III'), "attn_type 'III' does not fit InLineSwin"),
+    (dict(cls=InLineSwin, attn_type='IIXS'), "stage 2 has 'X'"),
+    (dict(cls=InLineSwin, attn_type='IIMS'), "'M' needs its block count"),
+    (dict(cls=InLinePVT, attn_type='IISS'), "InLinePVT supports 'I'"),
+    (dict(cls=InLineCSWin, split_size=(1, 2, 7)), 'one stripe width per stage'),
+    (dict(cls=InLineSwin, inline_window='huge'), "inline_window is 'auto', 'global'"),
+    (dict(cls=InLinePVT, out_indices=(0, 4)), 'out_indices'),
+    (dict(cls=InLineSwin, kernel_func='gelu'), "unknown kernel_func 'gelu'"),
+])
+def test_bad_arguments_raise_clear_errors(kwargs, match):
+    cls = kwargs.pop('cls')
+    with pytest.raises(ValueError, match=match):
+        cls(**kwargs)

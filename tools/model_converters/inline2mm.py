@@ -1,0 +1,57 @@
+#!/usr/bin/env python
+"""Convert an authors' InLine checkpoint to an inline-mm backbone checkpoint.
+
+    python tools/model_converters/inline2mm.py inline_swin_t.pth checkpoints/inline_swin_t_mm.pth
+
+The output holds ``{'state_dict': ..., 'meta': ...}`` with the plugin's keys
+(loadable by ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` and by
+mmengine's ``load_checkpoint``).  The input is read with ``weights_only=True``;
+an existing DST is never overwritten unless ``--overwrite`` is given, and the
+output is written to a temporary file first, then moved into place.
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+import torch
+
+from inline_mm.checkpoint import extract_state_dict, load_checkpoint_file
+from inline_mm.models.converters import CONVERTERS, convert, detect_family
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('src', help="authors' checkpoint ({'model': ...})")
+    parser.add_argument('dst', help='output file')
+    parser.add_argument('--family', choices=sorted(CONVERTERS),
+                        help='model family (default: detected from the keys)')
+    parser.add_argument('--state-dict-key', default=None,
+                        help="take the weights from this entry (e.g. 'state_dict_ema')")
+    parser.add_argument('--overwrite', action='store_true', help='replace an existing DST')
+    args = parser.parse_args(argv)
+
+    if os.path.exists(args.dst) and not args.overwrite:
+        parser.error(f'{args.dst} exists; pass --overwrite to replace it')
+    state_dict = extract_state_dict(load_checkpoint_file(args.src), args.state_dict_key)
+    family = args.family or detect_family(state_dict)
+    converted = convert(state_dict, family)
+    out_dir = os.path.dirname(os.path.abspath(args.dst))
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix='.tmp')
+    os.close(fd)
+    try:
+        torch.save({'state_dict': converted,
+                    'meta': dict(source=os.path.basename(args.src), family=family,
+                                 converter='inline2mm')}, tmp)
+        os.replace(tmp, args.dst)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    print(f'{family}: {len(state_dict)} tensors in, {len(converted)} written to {args.dst} '
+          f'({len(state_dict) - len(converted)} dropped: classifier head, regenerated buffers)')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
