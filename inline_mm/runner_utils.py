@@ -77,3 +77,42 @@ def check_datasets(cfg: Config, loaders: Iterable[str] = ('train_dataloader', 'v
                 except (OSError, ValueError) as err:
                     raise ValueError(f'annotation file {path!r} cannot be read as JSON: '
                                      f'{err}') from err
+
+
+def draw_predictions(model, cfg: Config, images: Iterable[str], out_dir: str,
+                     score_thr: float = 0.3, opacity: float = 0.5,
+                     progress: bool = True) -> List[str]:
+    """Run ``model`` on image files and write the drawn predictions as PNG files.
+
+    Detection configs get boxes and masks; segmentation configs a colour-coded
+    label map over the image.  Returns the written paths.
+    """
+    import mmcv
+    from mmengine.utils import ProgressBar
+    task = task_of(cfg)
+    if task == 'mmdet':
+        from mmdet.apis import inference_detector as predict
+        from mmdet.registry import VISUALIZERS
+    else:
+        from mmseg.apis import inference_model as predict
+        from mmseg.registry import VISUALIZERS
+    images = list(images)
+    os.makedirs(out_dir, exist_ok=True)
+    visualizer = VISUALIZERS.build(dict(cfg.visualizer, name=f'inline_mm_draw_{id(model)}',
+                                        save_dir=None, vis_backends=None))
+    visualizer.dataset_meta = model.dataset_meta
+    if task == 'mmseg':
+        visualizer.alpha = opacity
+    bar = ProgressBar(len(images)) if progress else None
+    written = []
+    for path in images:
+        result = predict(model, path)
+        image = mmcv.imconvert(mmcv.imread(path), 'bgr', 'rgb')
+        out_file = osp.join(out_dir, osp.splitext(osp.basename(path))[0] + '.png')
+        kwargs = dict(pred_score_thr=score_thr) if task == 'mmdet' else {}
+        visualizer.add_datasample(osp.basename(path), image, data_sample=result, draw_gt=False,
+                                  show=False, out_file=out_file, **kwargs)
+        written.append(out_file)
+        if bar is not None:
+            bar.update()
+    return written

@@ -7,17 +7,14 @@ Detection configs draw boxes and masks; segmentation configs a colour-coded
 label map over the image.  The task comes from the config's default_scope.
 """
 import argparse
-import os
 import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-import mmcv  # noqa: E402
 from mmengine.config import Config  # noqa: E402
-from mmengine.utils import ProgressBar  # noqa: E402
 
-from inline_mm.runner_utils import task_of  # noqa: E402
+from inline_mm.runner_utils import draw_predictions, task_of  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -42,33 +39,14 @@ def main(argv=None) -> None:
     if not osp.isfile(args.checkpoint):
         raise FileNotFoundError(f'checkpoint {args.checkpoint!r} not found')
     cfg = Config.fromfile(args.config)
-    task = task_of(cfg)
-    os.makedirs(args.out_dir, exist_ok=True)
-    if task == 'mmdet':
-        from mmdet.apis import inference_detector, init_detector
-        from mmdet.registry import VISUALIZERS
-        model = init_detector(cfg, args.checkpoint, device=args.device)
-        predict = inference_detector
+    if task_of(cfg) == 'mmdet':
+        from mmdet.apis import init_detector as init_model
     else:
-        from mmseg.apis import inference_model, init_model
-        from mmseg.registry import VISUALIZERS
-        model = init_model(cfg, args.checkpoint, device=args.device)
-        predict = inference_model
-    visualizer = VISUALIZERS.build(dict(cfg.visualizer, name='inline_mm_infer',
-                                        save_dir=None, vis_backends=None))
-    visualizer.dataset_meta = model.dataset_meta
-    bar = ProgressBar(len(args.images))
-    for path in args.images:
-        result = predict(model, path)
-        image = mmcv.imconvert(mmcv.imread(path), 'bgr', 'rgb')
-        out_file = osp.join(args.out_dir, osp.splitext(osp.basename(path))[0] + '.png')
-        kwargs = dict(pred_score_thr=args.score_thr) if task == 'mmdet' else {}
-        if task == 'mmseg':
-            visualizer.alpha = args.opacity
-        visualizer.add_datasample(osp.basename(path), image, data_sample=result,
-                                  draw_gt=False, show=False, out_file=out_file, **kwargs)
-        bar.update()
-    print(f'\nwrote {len(args.images)} image(s) to {args.out_dir}')
+        from mmseg.apis import init_model
+    model = init_model(cfg, args.checkpoint, device=args.device)
+    written = draw_predictions(model, cfg, args.images, args.out_dir, args.score_thr,
+                               args.opacity)
+    print(f'\nwrote {len(written)} image(s) to {args.out_dir}')
 
 
 if __name__ == '__main__':

@@ -1,0 +1,6 @@
+# Mask R-CNN + FPN, InLine-PVT-M, 1x, COCO (recipe as InLine-PVT-T).
+_base_ = './mask-rcnn_inline-pvt-t_fpn_1x_coco.py'
+
+checkpoint = 'checkpoints/inline_pvt_m.pth'
+model = dict(backbone=dict(arch='medium', drop_path_rate=0.2,
+                           init_cfg=dict(type='Pretrained', checkpoint=checkpoint)))

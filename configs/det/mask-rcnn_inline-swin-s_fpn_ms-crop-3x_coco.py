@@ -1,0 +1,12 @@
+# Mask R-CNN + FPN, InLine-Swin-S, 3x multi-scale with crops (mmdet's Swin-S 3x
+# recipe, mixed precision, with the backbone swapped).
+_base_ = 'mmdet::swin/mask-rcnn_swin-s-p4-w7_fpn_amp-ms-crop-3x_coco.py'
+custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+
+checkpoint = 'checkpoints/inline_swin_s.pth'
+model = dict(
+    backbone=dict(
+        _delete_=True, type='InLineSwin', arch='small', drop_path_rate=0.3,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
+    neck=dict(in_channels=[96, 192, 384, 768]))

@@ -1,0 +1,13 @@
+# Mask R-CNN + FPN, InLine-Swin-T, 1x, COCO: mmdet's Swin-T 1x recipe (AdamW 1e-4,
+# weight decay 0.05, no decay on relative position tables and norms) with the
+# backbone swapped.  Weights: checkpoints/inline_swin_t.pth (authors' ImageNet-1K).
+_base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
+custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+
+checkpoint = 'checkpoints/inline_swin_t.pth'
+model = dict(
+    backbone=dict(
+        _delete_=True, type='InLineSwin', arch='tiny', drop_path_rate=0.2,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
+    neck=dict(in_channels=[96, 192, 384, 768]))

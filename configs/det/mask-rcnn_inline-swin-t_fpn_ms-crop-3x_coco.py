@@ -1,0 +1,12 @@
+# Mask R-CNN + FPN, InLine-Swin-T, 3x (36 epochs) with multi-scale training and
+# random crops: mmdet's Swin-T 3x recipe with the backbone swapped.
+_base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py'
+custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+
+checkpoint = 'checkpoints/inline_swin_t.pth'
+model = dict(
+    backbone=dict(
+        _delete_=True, type='InLineSwin', arch='tiny', drop_path_rate=0.2,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
+    neck=dict(in_channels=[96, 192, 384, 768]))

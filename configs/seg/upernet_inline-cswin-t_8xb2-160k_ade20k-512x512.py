@@ -1,0 +1,14 @@
+# UperNet, InLine-CSwin-T, ADE20K 512x512, 160k: the Swin UperNet recipe with the
+# backbone swapped.  Weights: checkpoints/inline_cswin_t.pth (authors' ImageNet-1K).
+_base_ = 'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'
+custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+
+checkpoint = 'checkpoints/inline_cswin_t.pth'
+model = dict(
+    pretrained=None,
+    backbone=dict(
+        _delete_=True, type='InLineCSWin', arch='tiny', drop_path_rate=0.3,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
+    decode_head=dict(in_channels=[64, 128, 256, 512]),
+    auxiliary_head=dict(in_channels=256))

@@ -1,0 +1,18 @@
+# UperNet, InLine-DeiT-S, ADE20K 512x512, 160k: mmseg's DeiT-S UperNet recipe with
+# its MultiLevelNeck (rescales the four stride-16 outputs of blocks 3/6/9/12 to
+# strides 4/8/16/32), AdamW 6e-5, no decay on pos_embed / cls_token / norms.
+# Weights: checkpoints/inline_deit_s.pth (authors' ImageNet-1K, trained at 288;
+# the position table is resized to the 32x32 grid of a 512 crop at run time).
+_base_ = 'mmseg::vit/vit_deit-s16_mln_upernet_8xb2-160k_ade20k-512x512.py'
+custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+
+checkpoint = 'checkpoints/inline_deit_s.pth'
+model = dict(
+    pretrained=None,
+    backbone=dict(
+        _delete_=True, type='InLineDeiT', arch='small', drop_path_rate=0.1,
+        out_indices=(2, 5, 8, 11), final_norm=True,
+        init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
+    neck=dict(in_channels=[320, 320, 320, 320], out_channels=320),
+    decode_head=dict(in_channels=[320, 320, 320, 320]),
+    auxiliary_head=dict(in_channels=320))

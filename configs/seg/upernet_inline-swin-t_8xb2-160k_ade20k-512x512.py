@@ -1,0 +1,16 @@
+# UperNet, InLine-Swin-T, ADE20K 512x512, 160k iterations (8 GPUs x 2 images):
+# mmseg's Swin-T UperNet recipe (AdamW 6e-5, weight decay 0.01, warm-up then
+# linear decay; no decay on relative position tables and norms) with the
+# backbone swapped.  Weights: checkpoints/inline_swin_t.pth (authors' ImageNet-1K).
+_base_ = 'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'
+custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+
+checkpoint = 'checkpoints/inline_swin_t.pth'
+model = dict(
+    pretrained=None,
+    backbone=dict(
+        _delete_=True, type='InLineSwin', arch='tiny', drop_path_rate=0.3,
+        out_indices=(0, 1, 2, 3),
+        init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
+    decode_head=dict(in_channels=[96, 192, 384, 768]),
+    auxiliary_head=dict(in_channels=384))

@@ -1,0 +1,130 @@
+"""tools/analysis: FLOPs against a hand count, the benchmark, attention maps."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO_ROOT
+from mmengine.analysis import get_model_complexity_info
+
+from inline_mm.models.layers.inline_attention import InLineAttention, inline_attention
+
+sys.path.insert(0, os.path.join(REPO_ROOT, 'tools', 'analysis'))
+import benchmark  # noqa: E402
+import get_flops  # noqa: E402
+import vis_attention  # noqa: E402
+
+
+def hand_count(n, c, heads):
+    """Multiply-adds of one InLineAttention forward on n tokens (identity kernel)."""
+    d = c // heads
+    return (n * c * 3 * c            # qkv projection
+            + heads * d * n * d      # K^T V per head
+            + heads * n * d * d      # Q @ Cov per head
+            + c * (c // heads)       # kernel predictor, first grouped 1x1 conv (one token)
+            + 9 * c * (c // heads)   # second grouped 1x1 conv
+            + 9 * c * n              # 3x3 depthwise local branch over the grid
+            + n * c * c)             # output projection
+
+
+class _Attn(torch.nn.Module):
+    def __init__(self, attn, hw):
+        super().__init__()
+        self.attn, self.hw = attn, hw
+
+    def forward(self, x):
+        return self.attn(x, self.hw)
+
+
+@pytest.mark.parametrize('hw', [(8, 8), (16, 8)])
+def test_flops_of_one_block_match_a_hand_count(hw):
+    c, heads = 64, 2
+    n = hw[0] * hw[1]
+    info = get_model_complexity_info(_Attn(InLineAttention(c, heads), hw),
+                                     inputs=(torch.randn(1, n, c),), show_table=False,
+                                     show_arch=False)
+    assert info['flops'] == hand_count(n, c, heads)
+
+
+def test_flops_scale_linearly_with_tokens():
+    def flops(hw):
+        return get_model_complexity_info(_Attn(InLineAttention(64, 2), hw),
+                                         inputs=(torch.randn(1, hw[0] * hw[1], 64),),
+                                         show_table=False, show_arch=False)['flops']
+    f1, f2, f4 = flops((16, 16)), flops((32, 16)), flops((32, 32))
+    # linear in N up to the tiny per-sample kernel predictor
+    assert (f4 - f2) == pytest.approx(2 * (f2 - f1), rel=1e-9)
+    assert f4 / f1 == pytest.approx(4, rel=0.01)
+
+
+def test_get_flops_tool_on_a_config():
+    from mmengine.config import Config
+    cfg = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py'))
+    info = get_flops.complexity(cfg, (224, 224), backbone_only=True)
+    assert info['flops'] / 1e9 == pytest.approx(1.98, abs=0.03)  # InLine-PVT-T: 2.0G (paper)
+    assert info['params'] == info['backbone_params']
+    out = subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'tools', 'analysis',
+                                                       'get_flops.py'),
+                          os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py'),
+                          '--shape', '64', '96'], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert 'FLOPs:' in out.stdout and 'params:' in out.stdout
+
+
+def test_benchmark_writes_json_and_png(tmp_path):
+    results = benchmark.main(['--compare', 'pvt', '--sizes', '64', '96x64', '--warmup', '1',
+                              '--repeats', '2', '--threads', '1', '--out', str(tmp_path)])
+    data = json.loads((tmp_path / 'benchmark.json').read_text())
+    assert data['rows'] == json.loads(json.dumps(results['rows']))
+    assert {r['model'] for r in data['rows']} == {'inline_pvt_t', 'mmdet_pvt_t'}
+    for row in data['rows']:
+        assert row['latency_ms']['median'] > 0 and row['peak_mem_mb'] >= 0
+        assert row['latency_ms']['p25'] <= row['latency_ms']['p75']
+    assert len(data['ratios']) == 2 and all(r['latency'] > 0 for r in data['ratios'])
+    assert set(data['slopes']) == {'inline_pvt_t/1/fp32', 'mmdet_pvt_t/1/fp32'}
+    png = (tmp_path / 'benchmark.png').read_bytes()
+    assert png[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_slope_of_a_power_law():
+    pts = [(p, 3.0 * p ** 1.5) for p in (1e4, 4e4, 1.6e5)]
+    assert benchmark.slope(pts) == pytest.approx(1.5)
+
+
+def test_inline_rows_match_the_dense_matrix():
+    torch.manual_seed(0)
+    heads, n, d = 1, 20, 8
+    q, k = torch.randn(heads, n, d), torch.randn(heads, n, d)
+    # the production attention applied to V = I returns the full N x N matrix
+    dense = inline_attention(q[None], k[None], torch.eye(n)[None, None].expand(1, heads, n, n),
+                             d ** -0.5)[0, 0]
+    idx = torch.tensor([0, 7, 19])
+    rows = vis_attention.inline_rows(q, k, idx, d ** -0.5)
+    torch.testing.assert_close(rows, dense[idx], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(rows.sum(-1), torch.ones(3))
+
+
+def test_injectivity_check_finds_linear_attention_collisions():
+    torch.manual_seed(0)
+    q, k = torch.rand(1, 6, 4), torch.rand(1, 30, 4)
+    q[0, 1] = 3 * q[0, 0]  # parallel queries: identical linear attention, not InLine
+    idx = torch.arange(6)
+    assert vis_attention.identical_pairs(vis_attention.linear_rows(q, k, idx)) == 1
+    assert vis_attention.identical_pairs(vis_attention.inline_rows(q, k, idx, 0.5)) == 0
+
+
+def test_vis_attention_writes_an_image(tmp_path):
+    import cv2
+    image = tmp_path / 'img.png'
+    cv2.imwrite(str(image), (np.random.RandomState(0).rand(64, 80, 3) * 255).astype(np.uint8))
+    out = tmp_path / 'attn.png'
+    report = vis_attention.main([str(image), '--backbone', 'inline_pvt_t', '--block', '2.1',
+                                 '--queries', '0.2,0.3', '0.8,0.5', '--size', '64',
+                                 '--sample', '32', '--out', str(out)])
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+    assert report['grid'] == [8, 8]
+    assert report['row_sums_inline'] == pytest.approx([1.0, 1.0], abs=1e-4)
+    assert report['identical_inline'] == 0

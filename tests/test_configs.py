@@ -1,0 +1,78 @@
+"""Every shipped config builds its model and runs a forward pass on the CPU.
+
+Depths are shrunk here (not in the configs) so the whole set runs in CI time;
+checkpoints are not loaded (the authors' weights are not bundled).
+"""
+import glob
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO_ROOT
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+
+import inline_mm  # noqa: F401
+
+CONFIGS = sorted(glob.glob(os.path.join(REPO_ROOT, 'configs', '*', '*.py')) +
+                 glob.glob(os.path.join(REPO_ROOT, 'configs', '*', 'toy', '*.py')))
+SHRINK = {'InLinePVT': dict(depths=[1, 1, 1, 1]), 'InLineSwin': dict(depths=[1, 1, 2, 1]),
+          'InLineCSWin': dict(depths=[1, 1, 2, 1]), 'InLineDeiT': dict(depth=12)}
+
+
+def _ids(paths):
+    return [os.path.relpath(p, os.path.join(REPO_ROOT, 'configs')) for p in paths]
+
+
+def test_the_expected_configs_exist():
+    names = set(_ids(CONFIGS))
+    for required in ['det/mask_rcnn_inline_pvt.py', 'det/toy/mask_rcnn_inline_pvt_toy.py',
+                     'seg/toy/fpn_inline_pvt_toy.py']:
+        assert required in names
+    assert len([n for n in names if n.startswith('det/mask-rcnn_inline-pvt')]) == 4
+    assert len([n for n in names if n.startswith('det/mask-rcnn_inline-swin')]) == 4
+    assert len([n for n in names if n.startswith('det/mask-rcnn_inline-cswin')]) == 2
+    assert len([n for n in names if n.startswith('seg/fpn_inline-pvt')]) == 4
+    assert len([n for n in names if n.startswith('seg/upernet_inline-swin')]) == 3
+    assert len([n for n in names if n.startswith('seg/upernet_inline-cswin')]) == 3
+    assert 'seg/upernet_inline-deit-s_mln_8xb2-160k_ade20k-512x512.py' in names
+
+
+@pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
+def test_config_builds_and_runs_forward(path):
+    cfg = Config.fromfile(path)
+    assert cfg.custom_imports['imports'] == ['inline_mm']
+    backbone = cfg.model.backbone
+    assert backbone.type in SHRINK
+    if 'toy' not in path:
+        # every full recipe starts from the authors' ImageNet weights
+        assert backbone.init_cfg['type'] == 'Pretrained'
+        assert backbone.init_cfg['checkpoint'].startswith('checkpoints/inline_')
+        # no weight decay on norms and position tables
+        keys = cfg.optim_wrapper.paramwise_cfg.custom_keys
+        assert keys['norm']['decay_mult'] == 0
+        assert any(keys.get(k, {}).get('decay_mult', 1) == 0
+                   for k in ('pos_embed', 'relative_position_bias_table'))
+    backbone.update(SHRINK[backbone.type], init_cfg=None)
+    init_default_scope(cfg.default_scope)
+    if cfg.default_scope == 'mmdet':
+        from mmdet.registry import MODELS
+        from mmdet.structures import DetDataSample
+        sample = DetDataSample(metainfo=dict(img_shape=(96, 128), ori_shape=(96, 128),
+                                             scale_factor=(1.0, 1.0)))
+    else:
+        from mmseg.registry import MODELS
+        from mmseg.structures import SegDataSample
+        sample = SegDataSample(metainfo=dict(img_shape=(96, 128), ori_shape=(96, 128),
+                                             pad_shape=(96, 128)))
+    model = MODELS.build(cfg.model).eval()
+    image = torch.from_numpy(np.random.RandomState(0).randint(0, 255, (3, 96, 128),
+                                                              dtype=np.uint8))
+    with torch.no_grad():
+        results = model.test_step(dict(inputs=[image], data_samples=[sample]))
+    assert len(results) == 1
+    if cfg.default_scope == 'mmdet':
+        assert results[0].pred_instances.bboxes.shape[-1] == 4
+    else:
+        assert results[0].pred_sem_seg.data.shape[-2:] == (96, 128)

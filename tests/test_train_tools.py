@@ -1,0 +1,165 @@
+"""The training tools end to end on tiny toy data: multi-process, resume, bad data."""
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import REPO_ROOT
+
+from inline_mm.datasets import make_coco_toy
+
+CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
+TRAIN = os.path.join(REPO_ROOT, 'tools', 'train.py')
+
+
+@pytest.fixture(scope='module')
+def toy_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('data') / 'coco_toy')
+    make_coco_toy(root, num_train=8, num_val=2, image_size=128, seed=1)
+    return root
+
+
+def options(root, **extra):
+    opts = {
+        'train_dataloader.dataset.data_root': root + '/',
+        'val_dataloader.dataset.data_root': root + '/',
+        'test_dataloader.dataset.data_root': root + '/',
+        'val_evaluator.ann_file': root + '/annotations/instances_val.json',
+        'test_evaluator.ann_file': root + '/annotations/instances_val.json',
+        'train_cfg.val_interval': 1000,
+        'default_hooks.logger.interval': 1,
+        # deterministic: no random flip, deterministic kernels
+        'train_dataloader.dataset.pipeline.3.prob': 0.0,
+        'randomness.deterministic': True,
+    }
+    opts.update(extra)
+    return ['--cfg-options'] + [f'{k}={v}' for k, v in opts.items()]
+
+
+def env():
+    e = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
+    return e
+
+
+def scalars(work_dir):
+    files = glob.glob(os.path.join(work_dir, '*', 'vis_data', 'scalars.json'))
+    assert files, f'no scalars.json under {work_dir}'
+    with open(sorted(files)[-1]) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_log_the_same_first_loss_as_one(toy_root, tmp_path):
+    single_dir, dist_dir = str(tmp_path / 'single'), str(tmp_path / 'dist')
+    common = dict(**{'train_cfg.max_iters': 2, 'default_hooks.checkpoint.interval': 2})
+    one = subprocess.run(
+        [sys.executable, TRAIN, CONFIG, '--work-dir', single_dir] +
+        options(toy_root, **common, **{'train_dataloader.batch_size': 2}),
+        capture_output=True, text=True, env=env(), cwd=REPO_ROOT)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run(
+        ['bash', os.path.join(REPO_ROOT, 'tools', 'dist_train.sh'), CONFIG, '2',
+         '--work-dir', dist_dir] + options(toy_root, **common, **{'train_dataloader.batch_size': 1}),
+        capture_output=True, text=True, env=dict(env(), PORT=str(free_port())), cwd=REPO_ROOT)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert 'world_size: 2' in two.stdout + two.stderr or 'World size: 2' in two.stdout + two.stderr
+    loss_one = [r for r in scalars(single_dir) if r.get('iter') == 1][0]['loss']
+    loss_two = [r for r in scalars(dist_dir) if r.get('iter') == 1][0]['loss']
+    # same weights, same images; only the RPN / RoI sampling draws differ per process
+    assert loss_two == pytest.approx(loss_one, rel=0.05)
+    # checkpoints are written once (by rank 0)
+    assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(dist_dir, '*.pth'))) == \
+        ['iter_2.pth']
+
+
+def _weights(path):
+    return torch.load(path, map_location='cpu')['state_dict']
+
+
+def test_killed_run_resumes_to_the_same_weights(toy_root, tmp_path):
+    extra = {'train_cfg.max_iters': 6, 'default_hooks.checkpoint.interval': 2,
+             'train_dataloader.batch_size': 2}
+    straight = str(tmp_path / 'straight')
+    run = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', straight] +
+                         options(toy_root, **extra), capture_output=True, text=True, env=env(),
+                         cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    work = str(tmp_path / 'interrupted')
+    proc = subprocess.Popen([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
+                            options(toy_root, **extra), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env(), cwd=REPO_ROOT)
+    deadline = time.time() + 300
+    marker = os.path.join(work, 'last_checkpoint')
+    while not os.path.exists(marker) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    saved = open(marker).read().strip()
+    assert not saved.endswith('iter_6.pth'), 'the run finished before it could be killed'
+
+    resumed = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', work, '--resume'] +
+                             options(toy_root, **extra), capture_output=True, text=True,
+                             env=env(), cwd=REPO_ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert 'resumed' in (resumed.stdout + resumed.stderr).lower()
+    a = _weights(os.path.join(straight, 'iter_6.pth'))
+    b = _weights(os.path.join(work, 'iter_6.pth'))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_missing_data_folder_stops_before_training(tmp_path):
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / 'keep.txt').write_text('earlier results')
+    run = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', str(work)] +
+                         options(str(tmp_path / 'no_such_data')), capture_output=True,
+                         text=True, env=env(), cwd=REPO_ROOT)
+    assert run.returncode != 0
+    assert 'no_such_data' in run.stderr and 'COCO layout' in run.stderr
+    assert sorted(os.listdir(work)) == ['keep.txt']
+    assert (work / 'keep.txt').read_text() == 'earlier results'
+
+
+def test_unreadable_annotation_file_is_named(toy_root, tmp_path):
+    import shutil
+    root = tmp_path / 'broken'
+    shutil.copytree(toy_root, root)
+    (root / 'annotations' / 'instances_train.json').write_text('{"images": [')
+    run = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', str(tmp_path / 'w')] +
+                         options(str(root)), capture_output=True, text=True, env=env(),
+                         cwd=REPO_ROOT)
+    assert run.returncode != 0
+    assert 'instances_train.json' in run.stderr and 'cannot be read' in run.stderr
+
+
+def test_inference_benchmark_on_two_processes(toy_root, tmp_path):
+    out = tmp_path / 'bench.json'
+    opts = [o for o in options(toy_root) if 'pipeline.3' not in o and 'deterministic' not in o]
+    run = subprocess.run(
+        ['bash', os.path.join(REPO_ROOT, 'tools', 'dist_benchmark.sh'), CONFIG, '2',
+         '--max-iter', '3', '--warmup', '1', '--log-interval', '2', '--out', str(out)] + opts,
+        capture_output=True, text=True, env=dict(env(), PORT=str(free_port())), cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result['world_size'] == 2
+    assert [p['rank'] for p in result['per_process']] == [0, 1]
+    for p in result['per_process']:
+        assert p['images'] == 3 and p['img_per_s'] > 0 and 0 <= p['data_s'] < p['wall_s']
+        assert p['img_per_s_model_only'] >= p['img_per_s']
+    assert result['total_img_per_s'] == pytest.approx(
+        sum(p['img_per_s'] for p in result['per_process']))
+    assert 'total over 2 process(es)' in run.stdout + run.stderr

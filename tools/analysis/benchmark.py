@@ -1,0 +1,325 @@
+#!/usr/bin/env python
+"""Latency, throughput and peak memory of InLine backbones (and whole models).
+
+    # InLine backbones against their softmax counterparts, interleaved in one process
+    python tools/analysis/benchmark.py --compare pvt swin deit --sizes 512 1333x800 2048x1024
+    # one backbone by name, or a whole detector / segmentor from a config
+    python tools/analysis/benchmark.py --models inline_pvt_t mmdet_pvt_t --sizes 224 512
+    python tools/analysis/benchmark.py --config configs/det/mask_rcnn_inline_pvt.py --sizes 1333x800
+
+Latency is the median (with the 25-75 % spread) of ``--repeats`` forward passes
+after ``--warmup`` passes, models interleaved round by round so that machine
+noise hits all of them alike.  Peak memory is, on the CPU, the increase of the
+process's peak RSS during one forward over the loaded model, measured in a fresh
+subprocess per model and size; on a GPU, ``torch.cuda.max_memory_allocated``.
+Writes JSON and a log-log PNG (latency against pixels, one line per model) and
+prints a table with the InLine / softmax ratio per size and the log-log slope
+of latency against pixel count for every model.
+"""
+import argparse
+import json
+import math
+import os
+import os.path as osp
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List, Tuple
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+# name -> (builder, family, softmax counterpart name or None)
+COUNTERPARTS = {'pvt': ('inline_pvt_t', 'mmdet_pvt_t'), 'swin': ('inline_swin_t', 'mmdet_swin_t'),
+                'deit': ('inline_deit_t', 'timm_deit_t'), 'cswin': ('inline_cswin_t', None)}
+
+
+def build_backbone(name: str) -> nn.Module:
+    """Backbones by benchmark name: ``inline_{pvt,swin,cswin,deit}_{t,s,...}``,
+    ``mmdet_pvt_t``, ``mmdet_swin_t``, ``timm_deit_t`` (softmax counterparts)."""
+    import inline_mm
+    if name.startswith('inline_'):
+        _, family, size = name.split('_')
+        arch = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large', 'b': 'base'}[size]
+        cls = {'pvt': inline_mm.InLinePVT, 'swin': inline_mm.InLineSwin,
+               'cswin': inline_mm.InLineCSWin, 'deit': inline_mm.InLineDeiT}[family]
+        return cls(arch=arch)
+    if name == 'mmdet_pvt_t':
+        from mmdet.models.backbones import PyramidVisionTransformer
+        return PyramidVisionTransformer(embed_dims=64, num_layers=[2, 2, 2, 2],
+                                        num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
+                                        qkv_bias=True)
+    if name == 'mmdet_swin_t':
+        from mmdet.models.backbones import SwinTransformer
+        return SwinTransformer(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
+                               window_size=7)
+    if name == 'authors_pvt_t':  # the authors' code, from --reference-dir (not bundled)
+        import importlib
+        module = importlib.import_module('inline_pvt')
+        model = module.inline_pvt_tiny(img_size=224, attn_type='IIII', la_sr_ratios='1111')
+
+        class Features(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, x):
+                return self.model.forward_features(x)
+        return Features()
+    if name == 'timm_deit_t':
+        from timm.models.vision_transformer import VisionTransformer
+        return VisionTransformer(img_size=224, patch_size=16, embed_dim=192, depth=12,
+                                 num_heads=3, num_classes=0, global_pool='',
+                                 dynamic_img_size=True)
+    raise ValueError(f'unknown model {name!r}: use inline_<family>_<t|s|m|l|b>, mmdet_pvt_t, '
+                     f'mmdet_swin_t, timm_deit_t, or --config')
+
+
+def build_from_config(path: str) -> nn.Module:
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    from inline_mm.runner_utils import task_of
+    cfg = Config.fromfile(path)
+    task = task_of(cfg)
+    init_default_scope(task)
+    cfg.model.backbone.init_cfg = None
+    registry = __import__(f'{task}.registry', fromlist=['MODELS']).MODELS
+    model = registry.build(cfg.model)
+
+    class Whole(nn.Module):  # tensor-mode forward: backbone, neck and heads
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return self.model._forward(x)
+    return Whole()
+
+
+def parse_size(text: str) -> Tuple[int, int]:
+    """``'512'`` -> (512, 512); ``'1333x800'`` (W x H, as the toolkits write it) -> (800, 1333)."""
+    if 'x' in text:
+        w, h = text.lower().split('x')
+        return int(h), int(w)
+    return int(text), int(text)
+
+
+def autocast(dtype: str, device: str):
+    if dtype == 'fp32':
+        return torch.autocast(device_type=device, enabled=False)
+    return torch.autocast(device_type=device,
+                          dtype=torch.bfloat16 if dtype == 'bf16' else torch.float16)
+
+
+def sync(device: str) -> None:
+    if device == 'cuda':
+        torch.cuda.synchronize()
+
+
+def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup, repeats,
+                progress: Callable[[str], None]) -> Dict[str, List[float]]:
+    x = torch.randn(batch, 3, *size, device=device)
+    times = {name: [] for name in models}
+    with torch.inference_mode(), autocast(dtype, device):
+        for name, model in models.items():
+            for _ in range(warmup):
+                model(x)
+            sync(device)
+        for r in range(repeats):  # interleaved: one pass of every model per round
+            for name, model in models.items():
+                sync(device)
+                t0 = time.perf_counter()
+                model(x)
+                sync(device)
+                times[name].append(time.perf_counter() - t0)
+            progress(f'  {size[1]}x{size[0]} b{batch} {dtype}: round {r + 1}/{repeats}')
+    return times
+
+
+def rss_kib() -> int:
+    with open('/proc/self/statm') as f:
+        return int(f.read().split()[1]) * (os.sysconf('SC_PAGE_SIZE') // 1024)
+
+
+def peak_memory_mb(spec: str, size, batch, dtype, device, threads) -> float:
+    """Peak memory of one forward, measured in a fresh process."""
+    if device == 'cuda':
+        model = load(spec).to(device).eval()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with torch.inference_mode(), autocast(dtype, device):
+            model(torch.randn(batch, 3, *size, device=device))
+        return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    code = (f'import sys; sys.argv=[""]; sys.path.insert(0, {osp.dirname(__file__)!r}); '
+            f'import benchmark as b; '
+            f'print(b._child_peak({spec!r}, {tuple(size)!r}, {batch}, {dtype!r}, {threads}))')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f'memory measurement of {spec} failed:\n{out.stderr[-2000:]}')
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _child_peak(spec, size, batch, dtype, threads) -> float:
+    torch.set_num_threads(threads)
+    if os.environ.get('INLINE_MM_REFERENCE_DIR'):
+        sys.path.insert(0, os.environ['INLINE_MM_REFERENCE_DIR'])
+    model = load(spec).eval()
+    x = torch.randn(batch, 3, *size)
+    with torch.inference_mode(), autocast(dtype, 'cpu'):
+        model(torch.randn(batch, 3, 64, 64))  # lazy initialisation outside the measurement
+        base = max(rss_kib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        model(x)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+
+
+def load(spec: str) -> nn.Module:
+    return build_from_config(spec) if spec.endswith('.py') else build_backbone(spec)
+
+
+def slope(points: List[Tuple[int, float]]) -> float:
+    """Least-squares slope of log(latency) against log(pixels)."""
+    xs = [math.log(p) for p, _ in points]
+    ys = [math.log(t) for _, t in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float('nan')
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 5))
+    series: Dict[Tuple[str, int, str], List[Tuple[int, float]]] = {}
+    for row in results['rows']:
+        series.setdefault((row['model'], row['batch'], row['dtype']), []).append(
+            (row['pixels'], row['latency_ms']['median']))
+    for (model, batch, dtype), pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p for p, _ in pts], [t for _, t in pts], marker='o',
+                label=f'{model} (b{batch}, {dtype})')
+    ax.set_xscale('log')
+    ax.set_yscale('log')
+    ax.set_xlabel('pixels per image (H x W)')
+    ax.set_ylabel('latency per batch (ms)')
+    ax.set_title(f"forward latency, {results['device_name']}, {results['threads']} threads")
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument('--compare', nargs='+', choices=sorted(COUNTERPARTS),
+                      help='InLine backbone families to run against their softmax counterparts')
+    what.add_argument('--models', nargs='+', help='backbones by name (see build_backbone)')
+    what.add_argument('--config', nargs='+', help='whole models from configs')
+    parser.add_argument('--sizes', nargs='+', default=['224', '512', '1333x800', '2048x1024'],
+                        help='input sizes: S (square) or WxH')
+    parser.add_argument('--batch-sizes', type=int, nargs='+', default=[1])
+    parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'bf16', 'fp16'])
+    parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--warmup', type=int, default=2)
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--no-memory', action='store_true', help='skip peak-memory runs')
+    parser.add_argument('--out', default='work_dirs/benchmark', help='folder for JSON and PNG')
+    parser.add_argument('--reference-dir',
+                        help="the authors' models/ folder: enables the model 'authors_pvt_t'")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    if args.reference_dir:
+        sys.path.insert(0, osp.abspath(args.reference_dir))
+        os.environ['INLINE_MM_REFERENCE_DIR'] = osp.abspath(args.reference_dir)
+    if args.compare:
+        specs = [n for fam in args.compare for n in COUNTERPARTS[fam] if n]
+    else:
+        specs = args.models or args.config
+    sizes = [parse_size(s) for s in args.sizes]
+    device = args.device
+    device_name = torch.cuda.get_device_name() if device == 'cuda' else \
+        f'CPU ({os.cpu_count()} cores visible)'
+
+    def progress(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    progress(f'building {len(specs)} model(s): {", ".join(specs)}')
+    models = {spec: load(spec).to(device).eval() for spec in specs}
+    rows = []
+    for dtype in args.dtypes:
+        for batch in args.batch_sizes:
+            for size in sizes:
+                times = time_models(models, size, batch, dtype, device, args.warmup,
+                                    args.repeats, progress)
+                for spec, ts in times.items():
+                    q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
+                    med = statistics.median(ts)
+                    row = dict(model=spec, height=size[0], width=size[1],
+                               pixels=size[0] * size[1], batch=batch, dtype=dtype,
+                               latency_ms=dict(median=med * 1e3, p25=q[0] * 1e3,
+                                               p75=q[2] * 1e3, min=min(ts) * 1e3),
+                               throughput_img_s=batch / med)
+                    if not args.no_memory:
+                        progress(f'  peak memory of {spec} at {size[1]}x{size[0]}')
+                        row['peak_mem_mb'] = peak_memory_mb(spec, size, batch, dtype, device,
+                                                            args.threads)
+                    rows.append(row)
+    results = dict(device=device, device_name=device_name, threads=args.threads,
+                   torch=torch.__version__, warmup=args.warmup, repeats=args.repeats,
+                   command=' '.join([osp.relpath(__file__)] + (argv or sys.argv[1:])),
+                   rows=rows, slopes={}, ratios=[])
+    # slopes of latency against pixels (>= 512x512 when such sizes exist)
+    for key in {(r['model'], r['batch'], r['dtype']) for r in rows}:
+        pts = [(r['pixels'], r['latency_ms']['median']) for r in rows
+               if (r['model'], r['batch'], r['dtype']) == key]
+        big = [p for p in pts if p[0] >= 512 * 512]
+        results['slopes']['/'.join(map(str, key))] = slope(big if len(big) >= 2 else pts)
+    if args.compare:
+        for fam in args.compare:
+            inline, softmax = COUNTERPARTS[fam]
+            if softmax is None:
+                continue
+            for r in rows:
+                if r['model'] != inline:
+                    continue
+                s = [x for x in rows if x['model'] == softmax and x['pixels'] == r['pixels']
+                     and x['batch'] == r['batch'] and x['dtype'] == r['dtype']][0]
+                ratio = dict(family=fam, size=f"{r['width']}x{r['height']}", batch=r['batch'],
+                             dtype=r['dtype'],
+                             latency=r['latency_ms']['median'] / s['latency_ms']['median'])
+                if 'peak_mem_mb' in r:
+                    ratio['memory'] = r['peak_mem_mb'] / max(s['peak_mem_mb'], 1e-9)
+                results['ratios'].append(ratio)
+    os.makedirs(args.out, exist_ok=True)
+    with open(osp.join(args.out, 'benchmark.json'), 'w') as f:
+        json.dump(results, f, indent=2)
+    plot(results, osp.join(args.out, 'benchmark.png'))
+
+    print(f"{'model':18s} {'size':>10s} {'b':>2s} {'dtype':>5s} {'median ms':>10s} "
+          f"{'p25-p75 ms':>15s} {'img/s':>8s} {'peak MB':>8s}")
+    for r in rows:
+        lat = r['latency_ms']
+        print(f"{r['model']:18s} {r['width']:>5d}x{r['height']:<4d} {r['batch']:>2d} "
+              f"{r['dtype']:>5s} {lat['median']:10.1f} {lat['p25']:7.1f}-{lat['p75']:<7.1f} "
+              f"{r['throughput_img_s']:8.2f} {r.get('peak_mem_mb', float('nan')):8.1f}")
+    for ratio in results['ratios']:
+        mem = f", memory {ratio['memory']:.2f}x" if 'memory' in ratio else ''
+        print(f"InLine/softmax {ratio['family']:5s} {ratio['size']:>10s}: latency "
+              f"{ratio['latency']:.2f}x{mem}")
+    for key, value in sorted(results['slopes'].items()):
+        print(f'log-log slope of latency vs pixels, {key}: {value:.2f}')
+    print(f"wrote {osp.join(args.out, 'benchmark.json')} and benchmark.png")
+    return results
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Whole-model inference throughput over a config's test set, on N processes.
+
+    python tools/analysis/benchmark_inference.py CONFIG [--checkpoint CKPT] --max-iter 200
+    bash tools/dist_benchmark.sh CONFIG 8 --max-iter 200          # torchrun, 8 processes
+
+The detection speed benchmark as mmdet users run it: every process runs the
+model (test mode, batch size 1 by default) over its share of the test
+dataloader.  After ``--warmup`` iterations it records, per iteration, the time
+spent waiting for data and the time of the model step; it reports images/s
+per process and in total (the sum over processes), with the data-loading time
+shown apart.  Progress is logged through mmengine every ``--log-interval``.
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+import time
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import torch  # noqa: E402
+from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.dist import all_gather_object, get_rank, get_world_size, init_dist  # noqa: E402
+from mmengine.logging import MMLogger  # noqa: E402
+from mmengine.registry import init_default_scope  # noqa: E402
+from mmengine.runner import Runner, load_checkpoint  # noqa: E402
+
+from inline_mm.runner_utils import check_datasets, task_of  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('config')
+    parser.add_argument('--checkpoint', help='weights to load (random weights otherwise)')
+    parser.add_argument('--max-iter', type=int, default=200, help='measured iterations')
+    parser.add_argument('--warmup', type=int, default=5)
+    parser.add_argument('--log-interval', type=int, default=20)
+    parser.add_argument('--batch-size', type=int, default=1)
+    parser.add_argument('--num-workers', type=int)
+    parser.add_argument('--out', help='write the per-process and total figures as JSON')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    task = task_of(cfg)
+    init_default_scope(task)
+    if args.launcher != 'none':
+        init_dist(args.launcher, **cfg.get('env_cfg', {}).get('dist_cfg', {}))
+    logger = MMLogger.get_instance('inline_mm_benchmark', log_level='INFO')
+    check_datasets(cfg, ('test_dataloader',))
+
+    loader_cfg = cfg.test_dataloader.copy()
+    loader_cfg.batch_size = args.batch_size
+    if args.num_workers is not None:
+        loader_cfg.num_workers = args.num_workers
+        loader_cfg.persistent_workers = args.num_workers > 0
+    # every process takes its own share of the images
+    loader_cfg.sampler = dict(type='DefaultSampler', shuffle=False)
+    loader = Runner.build_dataloader(loader_cfg, seed=0)
+
+    registry = __import__(f'{task}.registry', fromlist=['MODELS']).MODELS
+    cfg.model.backbone.init_cfg = None
+    model = registry.build(cfg.model)
+    if args.checkpoint:
+        load_checkpoint(model, args.checkpoint, map_location='cpu')
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    model = model.to(device).eval()
+
+    data_times, step_times, images = [], [], 0
+    total = args.warmup + args.max_iter
+    it = iter(loader)
+    with torch.no_grad():
+        for i in range(total):
+            t0 = time.perf_counter()
+            try:
+                batch = next(it)
+            except StopIteration:
+                it = iter(loader)
+                batch = next(it)
+            t1 = time.perf_counter()
+            model.test_step(batch)
+            if device == 'cuda':
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            if i >= args.warmup:
+                data_times.append(t1 - t0)
+                step_times.append(t2 - t1)
+                images += len(batch['inputs'])
+            if (i + 1) % args.log_interval == 0 and get_rank() == 0:
+                done = len(step_times)
+                if done:
+                    logger.info(f'[{i + 1}/{total}] rank 0: '
+                                f'{done / (sum(step_times) + sum(data_times)):.2f} img/s, '
+                                f'data {1e3 * sum(data_times) / done:.1f} ms/iter')
+    wall = sum(data_times) + sum(step_times)
+    mine = dict(rank=get_rank(), images=images, wall_s=wall, data_s=sum(data_times),
+                model_s=sum(step_times), img_per_s=images / wall,
+                img_per_s_model_only=images / sum(step_times))
+    per_process = all_gather_object(mine) if get_world_size() > 1 else [mine]
+    result = dict(config=args.config, world_size=get_world_size(), device=device,
+                  per_process=per_process,
+                  total_img_per_s=sum(p['img_per_s'] for p in per_process),
+                  total_img_per_s_model_only=sum(p['img_per_s_model_only']
+                                                 for p in per_process))
+    if get_rank() == 0:
+        for p in per_process:
+            logger.info(f"rank {p['rank']}: {p['images']} images, {p['img_per_s']:.2f} img/s "
+                        f"(model only {p['img_per_s_model_only']:.2f}), data loading "
+                        f"{1e3 * p['data_s'] / max(p['images'], 1):.1f} ms/img")
+        logger.info(f"total over {result['world_size']} process(es): "
+                    f"{result['total_img_per_s']:.2f} img/s "
+                    f"(model only {result['total_img_per_s_model_only']:.2f})")
+        if args.out:
+            os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
+            with open(args.out, 'w') as f:
+                json.dump(result, f, indent=2)
+    return result
+
+
+if __name__ == '__main__':
+    main()
