@@ -75,16 +75,18 @@ def test_get_flops_tool_on_a_config():
 
 
 def test_benchmark_writes_json_and_png(tmp_path):
-    results = benchmark.main(['--compare', 'pvt', '--sizes', '64', '96x64', '--warmup', '1',
+    results = benchmark.main(['--compare', 'pvt', 'swin', '--sizes', '64', '96x64', '--warmup', '1',
                               '--repeats', '2', '--threads', '1', '--out', str(tmp_path)])
     data = json.loads((tmp_path / 'benchmark.json').read_text())
     assert data['rows'] == json.loads(json.dumps(results['rows']))
-    assert {r['model'] for r in data['rows']} == {'inline_pvt_t', 'mmdet_pvt_t'}
+    assert {r['model'] for r in data['rows']} == {'inline_pvt_t', 'mmdet_pvt_t', 'inline_swin_t',
+                                                  'mmdet_swin_t'}
     for row in data['rows']:
         assert row['latency_ms']['median'] > 0 and row['peak_mem_mb'] >= 0
         assert row['latency_ms']['p25'] <= row['latency_ms']['p75']
-    assert len(data['ratios']) == 2 and all(r['latency'] > 0 for r in data['ratios'])
-    assert set(data['slopes']) == {'inline_pvt_t/1/fp32', 'mmdet_pvt_t/1/fp32'}
+    assert len(data['ratios']) == 4 and all(r['latency'] > 0 for r in data['ratios'])
+    assert set(data['slopes']) == {f'{m}/1/fp32' for m in ('inline_pvt_t', 'mmdet_pvt_t',
+                                                         'inline_swin_t', 'mmdet_swin_t')}
     png = (tmp_path / 'benchmark.png').read_bytes()
     assert png[:8] == b'\x89PNG\r\n\x1a\n'
 

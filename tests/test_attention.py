@@ -97,7 +97,13 @@ def test_padding_invariance_in_windows():
     dim, heads = 16, 2
     attn = InLineAttention(dim, heads).eval()
     x = torch.randn(1, 10, 11, dim)
-    out = run_in_windows(x, (8, 8), lambda win, wsz, valid, bias: attn(win, wsz, valid))
+
+    def inline_fn(win, wsz, valid, bias):
+        assert bias is None  # InLine windows never build an N x N mask
+        assert valid is not None and valid.shape == (4, 64)
+        return attn(win, wsz, valid)
+
+    out = run_in_windows(x, (8, 8), inline_fn, need_bias=False)
     # bottom-right window: rows 8..9, cols 8..10 are real, the rest is padding
     corner = x[:, 8:, 8:].reshape(1, -1, dim)
     ref = attn(corner, (2, 3)).reshape(1, 2, 3, dim)

@@ -14,6 +14,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
+from inline_mm.dist import prepare_distributed  # noqa: E402
 from inline_mm.runner_utils import check_datasets, task_of  # noqa: E402
 
 
@@ -64,6 +65,7 @@ def main(argv=None) -> None:
         cfg.test_evaluator = [cfg.test_evaluator, dump] if isinstance(
             cfg.test_evaluator, dict) else [*cfg.test_evaluator, dump]
     check_datasets(cfg, ('test_dataloader',))
+    prepare_distributed(cfg, args.launcher)
     runner = Runner.from_cfg(cfg)
     runner.test()
 

@@ -17,6 +17,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
+from inline_mm.dist import prepare_distributed  # noqa: E402
 from inline_mm.runner_utils import check_datasets, task_of  # noqa: E402
 
 
@@ -79,6 +80,7 @@ def main(argv=None) -> None:
     cfg = build_config(args)
     # Fail on a missing data folder before the model is built or anything is written.
     check_datasets(cfg, ('train_dataloader', 'val_dataloader'))
+    prepare_distributed(cfg, args.launcher)
     runner = Runner.from_cfg(cfg)
     runner.train()
 

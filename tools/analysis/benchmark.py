@@ -21,7 +21,6 @@ import json
 import math
 import os
 import os.path as osp
-import resource
 import statistics
 import subprocess
 import sys
@@ -141,15 +140,25 @@ def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup
     return times
 
 
-def rss_kib() -> int:
-    with open('/proc/self/statm') as f:
-        return int(f.read().split()[1]) * (os.sysconf('SC_PAGE_SIZE') // 1024)
+def _status_kib(field: str) -> int:
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(field + ':'):
+                return int(line.split()[1])
+    raise RuntimeError(f'{field} not in /proc/self/status')
+
+
+def reset_peak_rss() -> None:
+    """Reset the kernel's peak-RSS mark (VmHWM) of this process (Linux >= 4.0)."""
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')
 
 
 def peak_memory_mb(spec: str, size, batch, dtype, device, threads) -> float:
     """Peak memory of one forward, measured in a fresh process."""
     if device == 'cuda':
-        model = load(spec).to(device).eval()
+        model = load(spec).to(device)
+        model.eval()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         with torch.inference_mode(), autocast(dtype, device):
@@ -168,13 +177,17 @@ def _child_peak(spec, size, batch, dtype, threads) -> float:
     torch.set_num_threads(threads)
     if os.environ.get('INLINE_MM_REFERENCE_DIR'):
         sys.path.insert(0, os.environ['INLINE_MM_REFERENCE_DIR'])
-    model = load(spec).eval()
+    model = load(spec)
+    model.eval()
     x = torch.randn(batch, 3, *size)
     with torch.inference_mode(), autocast(dtype, 'cpu'):
         model(torch.randn(batch, 3, 64, 64))  # lazy initialisation outside the measurement
-        base = max(rss_kib(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+        # the peak of the import / build phase must not hide the forward's peak
+        reset_peak_rss()
+        base = _status_kib('VmRSS')
         model(x)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+        peak = _status_kib('VmHWM')
+    return (peak - base) / 1024
 
 
 def load(spec: str) -> nn.Module:
@@ -217,11 +230,11 @@ def plot(results: dict, path: str) -> None:
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument('--compare', nargs='+', choices=sorted(COUNTERPARTS),
-                      help='InLine backbone families to run against their softmax counterparts')
-    what.add_argument('--models', nargs='+', help='backbones by name (see build_backbone)')
-    what.add_argument('--config', nargs='+', help='whole models from configs')
+    parser.add_argument('--compare', nargs='+', choices=sorted(COUNTERPARTS), default=[],
+                        help='InLine backbone families to run against their softmax counterparts')
+    parser.add_argument('--models', nargs='+', default=[],
+                        help='more backbones by name (see build_backbone)')
+    parser.add_argument('--config', nargs='+', default=[], help='whole models from configs')
     parser.add_argument('--sizes', nargs='+', default=['224', '512', '1333x800', '2048x1024'],
                         help='input sizes: S (square) or WxH')
     parser.add_argument('--batch-sizes', type=int, nargs='+', default=[1])
@@ -231,6 +244,8 @@ def main(argv=None) -> dict:
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--no-memory', action='store_true', help='skip peak-memory runs')
+    parser.add_argument('--memory-sizes', nargs='+',
+                        help='measure peak memory at these sizes only (default: all)')
     parser.add_argument('--out', default='work_dirs/benchmark', help='folder for JSON and PNG')
     parser.add_argument('--reference-dir',
                         help="the authors' models/ folder: enables the model 'authors_pvt_t'")
@@ -240,11 +255,13 @@ def main(argv=None) -> dict:
     if args.reference_dir:
         sys.path.insert(0, osp.abspath(args.reference_dir))
         os.environ['INLINE_MM_REFERENCE_DIR'] = osp.abspath(args.reference_dir)
-    if args.compare:
-        specs = [n for fam in args.compare for n in COUNTERPARTS[fam] if n]
-    else:
-        specs = args.models or args.config
+    specs = [n for fam in args.compare for n in COUNTERPARTS[fam] if n] + args.models + \
+        args.config
+    if not specs:
+        parser.error('name what to run: --compare, --models and / or --config')
     sizes = [parse_size(s) for s in args.sizes]
+    memory_sizes = None if args.memory_sizes is None else \
+        {parse_size(s) for s in args.memory_sizes}
     device = args.device
     device_name = torch.cuda.get_device_name() if device == 'cuda' else \
         f'CPU ({os.cpu_count()} cores visible)'
@@ -253,7 +270,11 @@ def main(argv=None) -> dict:
         print(msg, file=sys.stderr, flush=True)
 
     progress(f'building {len(specs)} model(s): {", ".join(specs)}')
-    models = {spec: load(spec).to(device).eval() for spec in specs}
+    models = {}
+    for spec in specs:
+        model = load(spec).to(device)
+        model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
+        models[spec] = model
     rows = []
     for dtype in args.dtypes:
         for batch in args.batch_sizes:
@@ -268,7 +289,7 @@ def main(argv=None) -> dict:
                                latency_ms=dict(median=med * 1e3, p25=q[0] * 1e3,
                                                p75=q[2] * 1e3, min=min(ts) * 1e3),
                                throughput_img_s=batch / med)
-                    if not args.no_memory:
+                    if not args.no_memory and (memory_sizes is None or size in memory_sizes):
                         progress(f'  peak memory of {spec} at {size[1]}x{size[0]}')
                         row['peak_mem_mb'] = peak_memory_mb(spec, size, batch, dtype, device,
                                                             args.threads)

@@ -27,6 +27,7 @@ from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import Runner, load_checkpoint  # noqa: E402
 
+from inline_mm.dist import prepare_distributed  # noqa: E402
 from inline_mm.runner_utils import check_datasets, task_of  # noqa: E402
 
 
@@ -54,7 +55,9 @@ def main(argv=None) -> dict:
     task = task_of(cfg)
     init_default_scope(task)
     if args.launcher != 'none':
-        init_dist(args.launcher, **cfg.get('env_cfg', {}).get('dist_cfg', {}))
+        prepare_distributed(cfg, args.launcher)  # CPU: gloo process group
+        if not torch.distributed.is_initialized():
+            init_dist(args.launcher, **cfg.get('env_cfg', {}).get('dist_cfg', {}))
     logger = MMLogger.get_instance('inline_mm_benchmark', log_level='INFO')
     check_datasets(cfg, ('test_dataloader',))
 

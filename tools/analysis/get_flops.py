@@ -59,6 +59,7 @@ def complexity(cfg: Config, shape, backbone_only: bool = False) -> dict:
         info = get_model_complexity_info(target, inputs=args, show_table=False,
                                          show_arch=False)
     info['backbone_params'] = sum(p.numel() for p in model.backbone.parameters())
+    info['model_params'] = sum(p.numel() for p in model.parameters())
     return info
 
 
@@ -76,7 +77,8 @@ def main(argv=None) -> None:
     what = 'backbone' if args.backbone_only else 'model'
     print(f'{args.config}  input 3x{args.shape[0]}x{args.shape[1]}  ({what})')
     print(f"  FLOPs:  {info['flops'] / 1e9:.2f} G  (one multiply-add = one FLOP)")
-    print(f"  params: {info['params'] / 1e6:.2f} M  (backbone {info['backbone_params'] / 1e6:.2f} M)")
+    print(f"  params: {info['params'] / 1e6:.2f} M counted  (whole model "
+          f"{info['model_params'] / 1e6:.2f} M, backbone {info['backbone_params'] / 1e6:.2f} M)")
 
 
 if __name__ == '__main__':

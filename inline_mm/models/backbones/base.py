@@ -183,9 +183,16 @@ class InLineBackbone(BaseModule):
     def convert_checkpoint(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
         raise NotImplementedError
 
-    #: keys of this model that no authors' checkpoint provides, with the reason
+    #: a LayerNorm ``norm{i}`` per output; the authors' final ``norm`` is the last one
+    has_output_norms: bool = False
+
     def documented_missing(self) -> Dict[str, str]:
-        return {}
+        """Keys of this model that no authors' checkpoint provides, with the reason."""
+        if not self.has_output_norms:
+            return {}
+        return {f'norm{i}.{p}': 'output norm added for dense prediction'
+                for i in self.out_indices if i != self.num_stages - 1
+                for p in ('weight', 'bias')}
 
     def init_weights(self) -> None:
         """Load ``init_cfg`` Pretrained weights, or keep the authors' random init."""

@@ -26,7 +26,8 @@ def apply_lepe(conv: nn.Conv2d, v: Tensor, window: Tuple[int, int],
     return conv(grid).flatten(2).transpose(1, 2)
 
 
-def _in_windows(tensors: Sequence[Tensor], hw: Tuple[int, int], window: Window, fn) -> Tensor:
+def _in_windows(tensors: Sequence[Tensor], hw: Tuple[int, int], window: Window, fn,
+                need_bias: bool) -> Tensor:
     """Partition several ``(B, N, C)`` tensors into the same windows and apply ``fn``."""
     b, _, c = tensors[0].shape
     grid = torch.cat(tensors, dim=-1).view(b, hw[0], hw[1], -1)
@@ -34,7 +35,7 @@ def _in_windows(tensors: Sequence[Tensor], hw: Tuple[int, int], window: Window, 
     def split_and_apply(windows, win, valid, bias):
         return fn(*windows.split(c, dim=-1), win, valid, bias)
 
-    return run_in_windows(grid, window, split_and_apply).reshape(b, -1, c)
+    return run_in_windows(grid, window, split_and_apply, need_bias=need_bias).reshape(b, -1, c)
 
 
 class LePEAttention(nn.Module):
@@ -65,7 +66,7 @@ class LePEAttention(nn.Module):
         return out.transpose(1, 2).reshape(b, n, c) + apply_lepe(self.get_v, v, window, valid)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, hw: Tuple[int, int]) -> Tensor:
-        return _in_windows((q, k, v), hw, self.window, self._attend)
+        return _in_windows((q, k, v), hw, self.window, self._attend, need_bias=True)
 
 
 class CSWinInLineAttention(InLineCore):
@@ -85,7 +86,7 @@ class CSWinInLineAttention(InLineCore):
         return self.attend(q, k, v, x, window, valid) + apply_lepe(self.get_v, v, window, valid)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, hw: Tuple[int, int]) -> Tensor:
-        return _in_windows((q, k, v, x), hw, self.window, self._attend)
+        return _in_windows((q, k, v, x), hw, self.window, self._attend, need_bias=False)
 
 
 class CSWinBlock(nn.Module):
@@ -236,11 +237,7 @@ class InLineCSWin(InLineBackbone):
         self._finish_init()
 
     convert_checkpoint = staticmethod(convert_cswin)
-
-    def documented_missing(self) -> Dict[str, str]:
-        return {f'norm{i}.{p}': 'output norm added for dense prediction'
-                for i in self.out_indices if i != self.num_stages - 1
-                for p in ('weight', 'bias')}
+    has_output_norms = True
 
     def _stage_parts(self, i: int) -> List[Union[nn.Module, nn.Parameter]]:
         if i == 0:

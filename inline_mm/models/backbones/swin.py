@@ -100,11 +100,7 @@ class InLineSwin(InLineBackbone):
         self._finish_init()
 
     convert_checkpoint = staticmethod(convert_swin)
-
-    def documented_missing(self) -> Dict[str, str]:
-        return {f'norm{i}.{p}': 'output norm added for dense prediction'
-                for i in self.out_indices if i != self.num_stages - 1
-                for p in ('weight', 'bias')}
+    has_output_norms = True
 
     def _stage_parts(self, i: int) -> List[Union[nn.Module, nn.Parameter]]:
         if i == 0:

@@ -112,6 +112,7 @@ class TransformerBlock(nn.Module):
         else:
             b, n, c = y.shape
             y = run_in_windows(y.view(b, hw[0], hw[1], c), self.window,
-                               self._window_attention, self.shift).reshape(b, n, c)
+                               self._window_attention, self.shift,
+                               need_bias=self.attn_type == 'S').reshape(b, n, c)
         x = x + self.drop_path(y)
         return x + self.drop_path(self.mlp(self.norm2(x)))

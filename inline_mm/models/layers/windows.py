@@ -114,16 +114,19 @@ _MASK_CACHE: dict = {}
 
 
 def window_masks(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int, int],
-                 device: torch.device) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+                 device: torch.device, need_bias: bool = True
+                 ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """Masks for windows over an ``hw`` map padded to the window multiple.
 
     Returns:
         (valid, bias): ``valid`` is ``(nW, N)`` bool, True on real tokens (None
         when nothing is padded); ``bias`` is the ``(nW, N, N)`` additive
         attention bias that separates regions (padding, shifted borders), None
-        when there is nothing to separate.  Cached per size and device.
+        when there is nothing to separate or ``need_bias`` is False (InLine
+        attention needs ``valid`` only: no ``N x N`` tensor is built for it).
+        Cached per size and device.
     """
-    key = (hw, window, shift, str(device))
+    key = (hw, window, shift, str(device), need_bias)
     cached = _MASK_CACHE.get(key)
     if cached is not None:
         return cached
@@ -134,8 +137,10 @@ def window_masks(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int,
     else:
         labels = _region_labels(hw, window, shift)
         valid = (labels >= 0).to(device) if padded else None
-        bias = (labels.unsqueeze(1) != labels.unsqueeze(2)).float() * MASK_VALUE
-        result = (valid, bias.to(device))
+        bias = None
+        if need_bias:
+            bias = ((labels.unsqueeze(1) != labels.unsqueeze(2)).float() * MASK_VALUE).to(device)
+        result = (valid, bias)
     if len(_MASK_CACHE) > 512:
         _MASK_CACHE.clear()
     _MASK_CACHE[key] = result
@@ -145,7 +150,8 @@ def window_masks(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int,
 WindowFn = Callable[[Tensor, Tuple[int, int], Optional[Tensor], Optional[Tensor]], Tensor]
 
 
-def run_in_windows(x: Tensor, window: Window, fn: WindowFn, shift: int = 0) -> Tensor:
+def run_in_windows(x: Tensor, window: Window, fn: WindowFn, shift: int = 0,
+                   need_bias: bool = True) -> Tensor:
     """Apply ``fn`` to every (shifted) window of a ``(B, H, W, C)`` map.
 
     The map is padded to a multiple of the clipped window, optionally rolled by
@@ -159,10 +165,12 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn, shift: int = 0) -> T
             ``bias`` ``(nW, N, N)`` or None; returns ``(B * nW, wh * ww, C')``.
         shift: cyclic shift (Swin's shifted windows); dropped along an axis a
             window covers.
+        need_bias: build the ``(nW, N, N)`` region bias (softmax attention);
+            InLine attention passes False and gets ``bias=None``.
     """
     b, h, w, _ = x.shape
     win, sft = clip_window(window, (h, w), shift)
-    valid, bias = window_masks((h, w), win, sft, x.device)
+    valid, bias = window_masks((h, w), win, sft, x.device, need_bias)
     x = pad_to_multiple(x, win)
     hp, wp = x.shape[1:3]
     if sft != (0, 0):

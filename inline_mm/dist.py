@@ -1,0 +1,43 @@
+"""Multi-process runs without GPUs (CPU + gloo), e.g. tests and CPU clusters.
+
+mmengine 0.10.7 assumes CUDA once a launcher is set: its ``init_dist`` calls
+``torch.cuda.set_device`` and its runner wraps the model in DDP with
+``device_ids=[LOCAL_RANK]``.  :func:`prepare_distributed` initialises the
+process group itself (gloo) when no GPU is present, and points the runner at
+:class:`AnyDeviceDistributedDataParallel`, which drops ``device_ids`` for CPU
+modules; on GPU machines both leave mmengine's behaviour untouched.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+from mmengine.config import Config
+from mmengine.model import MMDistributedDataParallel
+from mmengine.registry import MODEL_WRAPPERS
+
+
+@MODEL_WRAPPERS.register_module()
+class AnyDeviceDistributedDataParallel(MMDistributedDataParallel):
+    """``MMDistributedDataParallel`` that also wraps CPU modules."""
+
+    def __init__(self, module, device_ids=None, **kwargs):
+        if next(module.parameters()).device.type == 'cpu':
+            device_ids = None  # DDP takes no device ids for CPU modules
+        super().__init__(module=module, device_ids=device_ids, **kwargs)
+
+
+def prepare_distributed(cfg: Config, launcher: str) -> None:
+    """Set up a CPU-only multi-process run (no-op with GPUs or without a launcher)."""
+    if launcher == 'none' or torch.cuda.is_available():
+        return
+    if launcher != 'pytorch':
+        raise ValueError(f'launcher {launcher!r} needs GPUs; on CPUs use --launcher pytorch '
+                         f'(tools/dist_train.sh)')
+    if not dist.is_initialized():
+        backend = cfg.get('env_cfg', {}).get('dist_cfg', {}).get('backend', 'gloo')
+        if backend != 'gloo':
+            backend = 'gloo'  # nccl needs GPUs
+        dist.init_process_group(backend=backend, rank=int(os.environ['RANK']),
+                                world_size=int(os.environ['WORLD_SIZE']))
+    if cfg.get('model_wrapper_cfg') is None:
+        cfg.model_wrapper_cfg = dict(type='AnyDeviceDistributedDataParallel')
