@@ -48,10 +48,10 @@ ARCHS = [(InLinePVT, a) for a in ('tiny', 'small', 'medium', 'large')] + \
 
 
 @pytest.mark.parametrize('cls,arch', ARCHS)
-def test_every_arch_at_224_and_odd_size(cls, arch):
+def test_every_arch_at_224_and_odd_sizes(cls, arch):
     model = cls(arch=arch).eval()
     with torch.no_grad():
-        for hw in [(224, 224), (45, 33)]:
+        for hw in [(224, 224), (97, 131), (45, 33)]:
             outs = model(torch.randn(1, 3, *hw))
             sizes = expected_sizes(cls, *hw)
             if cls is InLineDeiT:

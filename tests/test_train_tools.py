@@ -164,3 +164,31 @@ def test_inference_benchmark_on_two_processes(toy_root, tmp_path):
     assert result['total_img_per_s'] == pytest.approx(
         sum(p['img_per_s'] for p in result['per_process']))
     assert 'total over 2 process(es)' in run.stdout + run.stderr
+
+
+def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
+    work = str(tmp_path / 'work')
+    extra = {'train_cfg.max_iters': 2, 'default_hooks.checkpoint.interval': 2}
+    run = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
+                         options(toy_root, **extra), capture_output=True, text=True, env=env(),
+                         cwd=REPO_ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ckpt = os.path.join(work, 'iter_2.pth')
+    out_pkl = str(tmp_path / 'results.pkl')
+    test = subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'tools', 'test.py'), CONFIG,
+                           ckpt, '--work-dir', str(tmp_path / 'test'), '--out', out_pkl,
+                           '--show-dir', 'vis'] + options(toy_root), capture_output=True,
+                          text=True, env=env(), cwd=REPO_ROOT)
+    assert test.returncode == 0, test.stderr[-3000:]
+    assert 'coco/bbox_mAP' in test.stdout + test.stderr
+    assert os.path.getsize(out_pkl) > 0
+    assert glob.glob(str(tmp_path / 'test' / '*' / 'vis' / '*.jpg')) or \
+        glob.glob(str(tmp_path / 'test' / '*' / 'vis' / '*.png'))
+    images = sorted(glob.glob(os.path.join(toy_root, 'val', '*.jpg')))
+    infer = subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'tools', 'infer.py')] +
+                           images + ['--config', CONFIG, '--checkpoint', ckpt,
+                                     '--out-dir', str(tmp_path / 'pred'), '--score-thr', '0.0'],
+                           capture_output=True, text=True, env=env(), cwd=REPO_ROOT)
+    assert infer.returncode == 0, infer.stderr[-3000:]
+    written = sorted(os.listdir(tmp_path / 'pred'))
+    assert written == [os.path.basename(p)[:-4] + '.png' for p in images]
