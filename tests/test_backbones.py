@@ -195,3 +195,16 @@ def test_bad_arguments_raise_clear_errors(kwargs, match):
     cls = kwargs.pop('cls')
     with pytest.raises(ValueError, match=match):
         cls(**kwargs)
+
+
+@pytest.mark.parametrize('cls', [InLineSwin, InLineCSWin, InLinePVT])
+def test_caches_filled_during_inference_serve_training(cls):
+    """Masks / index / position caches built under inference_mode work in training."""
+    model = cls(**dict(SMALL[cls], frozen_stages=1))
+    x = torch.randn(1, 3, 75, 101)  # padded, clipped and shifted windows
+    with torch.inference_mode():
+        model.eval()
+        model(x)
+    model.train()
+    sum(o.mean() for o in model(x)).backward()
+    assert any(p.grad is not None for p in model.parameters())

@@ -52,7 +52,9 @@ class PosEmbedResizer:
         if cached is None:
             if len(self._cache) > 64:
                 self._cache.clear()
-            with torch.no_grad():
+            # outside inference mode, so the cached table can enter autograd later
+            # (a frozen table in training after an inference pass)
+            with torch.inference_mode(False), torch.no_grad():
                 cached = resize_pos_embed(pos_embed, new_grid, old_grid, num_prefix_tokens)
             self._cache[key] = cached
         return cached

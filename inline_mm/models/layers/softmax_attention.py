@@ -21,12 +21,13 @@ def relative_position_index(window: Tuple[int, int], table_window: Tuple[int, in
     Returns:
         ``(wh * ww, wh * ww)`` long tensor into ``(2 Th - 1) * (2 Tw - 1)`` rows.
     """
-    coords = torch.stack(torch.meshgrid(torch.arange(window[0]), torch.arange(window[1]),
-                                        indexing='ij')).flatten(1)
-    rel = coords[:, :, None] - coords[:, None, :]
-    rel[0] += table_window[0] - 1
-    rel[1] += table_window[1] - 1
-    return rel[0] * (2 * table_window[1] - 1) + rel[1]
+    with torch.inference_mode(False):  # cached: must stay usable by autograd later
+        coords = torch.stack(torch.meshgrid(torch.arange(window[0]), torch.arange(window[1]),
+                                            indexing='ij')).flatten(1)
+        rel = coords[:, :, None] - coords[:, None, :]
+        rel[0] += table_window[0] - 1
+        rel[1] += table_window[1] - 1
+        return rel[0] * (2 * table_window[1] - 1) + rel[1]
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
@@ -82,7 +83,7 @@ class WindowAttention(nn.Module):
         index = relative_position_index(tuple(window), self.table_window)
         n = window[0] * window[1]
         bias = self.relative_position_bias_table[index.to(
-            self.relative_position_bias_table.device).view(-1)]
+            self.relative_position_bias_table.device).view(-1)]  # no copy on the same device
         return bias.view(n, n, -1).permute(2, 0, 1)
 
     def forward(self, x: Tensor, window: Tuple[int, int], mask: Optional[Tensor] = None

@@ -92,6 +92,12 @@ def _region_labels(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[in
     rolled map into the last window-sized band and the last shift-sized band);
     padded tokens get -1, so they never share a region with a real token.
     """
+    with torch.inference_mode(False):  # cached: must stay usable by autograd later
+        return _build_region_labels(hw, window, shift)
+
+
+def _build_region_labels(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int, int]
+                         ) -> Tensor:
     h, w = hw
     wh, ww = window
     hp, wp = h + (-h) % wh, w + (-w) % ww
@@ -135,11 +141,15 @@ def window_masks(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int,
     if not padded and shift == (0, 0):
         result = (None, None)
     else:
-        labels = _region_labels(hw, window, shift)
-        valid = (labels >= 0).to(device) if padded else None
-        bias = None
-        if need_bias:
-            bias = ((labels.unsqueeze(1) != labels.unsqueeze(2)).float() * MASK_VALUE).to(device)
+        # Built outside inference mode: a mask cached during inference is reused
+        # in training, where inference tensors cannot enter autograd.
+        with torch.inference_mode(False):
+            labels = _region_labels(hw, window, shift)
+            valid = (labels >= 0).to(device) if padded else None
+            bias = None
+            if need_bias:
+                bias = ((labels.unsqueeze(1) != labels.unsqueeze(2)).float()
+                        * MASK_VALUE).to(device)
         result = (valid, bias)
     if len(_MASK_CACHE) > 512:
         _MASK_CACHE.clear()
