@@ -33,11 +33,8 @@ def prepare_distributed(cfg: Config, launcher: str) -> None:
     if launcher != 'pytorch':
         raise ValueError(f'launcher {launcher!r} needs GPUs; on CPUs use --launcher pytorch '
                          f'(tools/dist_train.sh)')
-    if not dist.is_initialized():
-        backend = cfg.get('env_cfg', {}).get('dist_cfg', {}).get('backend', 'gloo')
-        if backend != 'gloo':
-            backend = 'gloo'  # nccl needs GPUs
-        dist.init_process_group(backend=backend, rank=int(os.environ['RANK']),
+    if not dist.is_initialized():  # gloo whatever the config says: nccl needs GPUs
+        dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
                                 world_size=int(os.environ['WORLD_SIZE']))
     if cfg.get('model_wrapper_cfg') is None:
         cfg.model_wrapper_cfg = dict(type='AnyDeviceDistributedDataParallel')

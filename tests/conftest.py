@@ -1,6 +1,5 @@
 """Shared test settings: CPU only, deterministic, few threads (CI has 2 cores)."""
 import os
-import sys
 
 import pytest
 import torch
@@ -15,7 +14,3 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 def _seed():
     torch.manual_seed(0)
     yield
-
-
-def python_exe() -> str:
-    return sys.executable

@@ -83,7 +83,7 @@ class WindowAttention(nn.Module):
         index = relative_position_index(tuple(window), self.table_window)
         n = window[0] * window[1]
         bias = self.relative_position_bias_table[index.to(
-            self.relative_position_bias_table.device).view(-1)]  # no copy on the same device
+            self.relative_position_bias_table.device).view(-1)]
         return bias.view(n, n, -1).permute(2, 0, 1)
 
     def forward(self, x: Tensor, window: Tuple[int, int], mask: Optional[Tensor] = None

@@ -92,12 +92,6 @@ def _region_labels(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[in
     rolled map into the last window-sized band and the last shift-sized band);
     padded tokens get -1, so they never share a region with a real token.
     """
-    with torch.inference_mode(False):  # cached: must stay usable by autograd later
-        return _build_region_labels(hw, window, shift)
-
-
-def _build_region_labels(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int, int]
-                         ) -> Tensor:
     h, w = hw
     wh, ww = window
     hp, wp = h + (-h) % wh, w + (-w) % ww
