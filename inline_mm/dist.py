@@ -38,3 +38,15 @@ def prepare_distributed(cfg: Config, launcher: str) -> None:
                                 world_size=int(os.environ['WORLD_SIZE']))
     if cfg.get('model_wrapper_cfg') is None:
         cfg.model_wrapper_cfg = dict(type='AnyDeviceDistributedDataParallel')
+
+
+def finish_distributed() -> None:
+    """Wait for every process, then tear the process group down.
+
+    Leaving a gloo group alive until interpreter exit lets its background
+    threads be destroyed in arbitrary order, which can abort a process
+    (``terminate called without an active exception``) after its work is done.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -14,7 +14,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from inline_mm.dist import prepare_distributed  # noqa: E402
+from inline_mm.dist import finish_distributed, prepare_distributed  # noqa: E402
 from inline_mm.runner_utils import check_datasets, task_of  # noqa: E402
 
 
@@ -68,6 +68,7 @@ def main(argv=None) -> None:
     prepare_distributed(cfg, args.launcher)
     runner = Runner.from_cfg(cfg)
     runner.test()
+    finish_distributed()
 
 
 if __name__ == '__main__':

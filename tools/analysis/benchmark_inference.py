@@ -27,7 +27,7 @@ from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import Runner, load_checkpoint  # noqa: E402
 
-from inline_mm.dist import prepare_distributed  # noqa: E402
+from inline_mm.dist import finish_distributed, prepare_distributed  # noqa: E402
 from inline_mm.runner_utils import check_datasets, task_of  # noqa: E402
 
 
@@ -104,6 +104,7 @@ def main(argv=None) -> dict:
                     logger.info(f'[{i + 1}/{total}] rank 0: '
                                 f'{done / (sum(step_times) + sum(data_times)):.2f} img/s, '
                                 f'data {1e3 * sum(data_times) / done:.1f} ms/iter')
+    del it  # stop the loader's workers before the process group goes away
     wall = sum(data_times) + sum(step_times)
     mine = dict(rank=get_rank(), images=images, wall_s=wall, data_s=sum(data_times),
                 model_s=sum(step_times), img_per_s=images / wall,
@@ -126,6 +127,7 @@ def main(argv=None) -> dict:
             os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
             with open(args.out, 'w') as f:
                 json.dump(result, f, indent=2)
+    finish_distributed()
     return result
 
 
