@@ -14,6 +14,7 @@ from inline_mm.models.layers.inline_attention import InLineAttention, inline_att
 
 sys.path.insert(0, os.path.join(REPO_ROOT, 'tools', 'analysis'))
 import benchmark  # noqa: E402
+import benchmark_train  # noqa: E402
 import get_flops  # noqa: E402
 import vis_attention  # noqa: E402
 
@@ -60,7 +61,7 @@ def test_flops_scale_linearly_with_tokens():
     assert f4 / f1 == pytest.approx(4, rel=0.01)
 
 
-def test_get_flops_tool_on_a_config():
+def test_get_flops_tool_on_a_config(tmp_path):
     from mmengine.config import Config
     cfg = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py'))
     info = get_flops.complexity(cfg, (224, 224), backbone_only=True)
@@ -69,9 +70,20 @@ def test_get_flops_tool_on_a_config():
     out = subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'tools', 'analysis',
                                                        'get_flops.py'),
                           os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py'),
-                          '--shape', '64', '96'], capture_output=True, text=True, cwd=REPO_ROOT)
+                          os.path.join(REPO_ROOT, 'configs', 'det', 'toy',
+                                       'mask_rcnn_inline_pvt_toy.py'),
+                          '--shape', '64', '96', '--out', str(tmp_path / 'flops.json')],
+                         capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert 'FLOPs:' in out.stdout and 'params:' in out.stdout
+    assert out.stdout.count('FLOPs:') == 2 and '| fpn_inline_pvt_toy.py |' in out.stdout
+    rows = json.loads((tmp_path / 'flops.json').read_text())
+    assert [os.path.basename(r['config']) for r in rows] == ['fpn_inline_pvt_toy.py',
+                                                             'mask_rcnn_inline_pvt_toy.py']
+    for row in rows:  # same backbone, different heads: the whole-model figures differ
+        assert row['shape'] == [64, 96] and row['flops'] > 0
+        assert row['params'] == row['model_params'] > row['backbone_params']
+    assert rows[0]['backbone_params'] == rows[1]['backbone_params']
+    assert rows[0]['flops'] != rows[1]['flops']
 
 
 def test_benchmark_writes_json_and_png(tmp_path):
@@ -130,3 +142,23 @@ def test_vis_attention_writes_an_image(tmp_path):
     assert report['grid'] == [8, 8]
     assert report['row_sums_inline'] == pytest.approx([1.0, 1.0], abs=1e-4)
     assert report['identical_inline'] == 0
+
+
+def test_training_iteration_benchmark(tmp_path):
+    out = tmp_path / 'train.json'
+    result = benchmark_train.main(['--size', '96x64', '--batch-size', '1', '--objects', '2',
+                                   '--warmup', '0', '--repeats', '2', '--threads', '1',
+                                   '--out', str(out)])
+    data = json.loads(out.read_text())
+    assert set(data['rows']) == {'InLinePVT(tiny)', 'mmdet_pvt_t'}
+    for row in data['rows'].values():
+        assert len(row['times_s']) == 2 and row['median_s'] > 0
+    assert data['ratio'] == pytest.approx(data['rows']['InLinePVT(tiny)']['median_s']
+                                          / data['rows']['mmdet_pvt_t']['median_s'])
+    assert data['size'] == [64, 96] and result['batch_size'] == 1
+
+
+def test_training_iteration_benchmark_refuses_a_segmentation_config():
+    with pytest.raises(ValueError, match='not a detection config'):
+        benchmark_train.main([os.path.join(REPO_ROOT, 'configs', 'seg', 'toy',
+                                           'fpn_inline_pvt_toy.py'), '--repeats', '1'])

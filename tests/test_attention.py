@@ -125,3 +125,23 @@ def test_prefix_token_takes_part_but_gets_no_local_term():
     torch.testing.assert_close(out[:, 0], global_part[:, 0])
     assert not torch.allclose(out[:, 1:], global_part[:, 1:])
     assert math.isclose(core.scale, 8 ** -0.5)
+
+
+@pytest.mark.parametrize('bias', [True, False])
+def test_token_mlp_inference_chunks_match_timm_mlp(bias):
+    from timm.layers import Mlp
+
+    from inline_mm.models.layers.blocks import TokenMlp
+    torch.manual_seed(0)
+    mlp = TokenMlp(16, 64, bias=bias).eval()
+    mlp.chunk_tokens = 7  # 2 x 50 tokens: 15 chunks, the last one partial
+    x = torch.randn(2, 50, 16)
+    with torch.no_grad():
+        expected = Mlp.forward(mlp, x)
+        got = mlp(x)
+    assert got.shape == (2, 50, 16)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    # with autograd (training) it is timm's forward: gradients reach both layers
+    mlp.train()
+    mlp(x.requires_grad_()).sum().backward()
+    assert mlp.fc1.weight.grad is not None and x.grad.abs().sum() > 0

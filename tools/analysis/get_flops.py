@@ -3,6 +3,11 @@
 
     python tools/analysis/get_flops.py CONFIG --shape 800 1333
     python tools/analysis/get_flops.py CONFIG --shape 224 224 --backbone-only
+    python tools/analysis/get_flops.py configs/seg/*.py --shape 512 512 --out flops.json
+
+With several configs it also prints a Markdown table (config, params, FLOPs)
+and ``--out`` keeps every figure as JSON; the model-zoo FLOPs columns come from
+these runs.
 
 Counted by mmengine's analysis tools (``get_model_complexity_info``: a traced
 FLOP counter in which one multiply-add counts as one FLOP).  Tracing sees every
@@ -10,6 +15,7 @@ matmul of the InLine attention (``K^T V`` and ``Q Cov``) and the depthwise
 convolution of the local branch, which hook-based counters miss.
 """
 import argparse
+import json
 import os.path as osp
 import sys
 
@@ -63,22 +69,40 @@ def complexity(cfg: Config, shape, backbone_only: bool = False) -> dict:
     return info
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> list:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('config')
+    parser.add_argument('configs', nargs='+', metavar='CONFIG')
     parser.add_argument('--shape', type=int, nargs=2, default=[800, 1333], metavar=('H', 'W'))
     parser.add_argument('--backbone-only', action='store_true')
+    parser.add_argument('--out', help='write the figures of every config as JSON')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = parser.parse_args(argv)
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    info = complexity(cfg, args.shape, args.backbone_only)
     what = 'backbone' if args.backbone_only else 'model'
-    print(f'{args.config}  input 3x{args.shape[0]}x{args.shape[1]}  ({what})')
-    print(f"  FLOPs:  {info['flops'] / 1e9:.2f} G  (one multiply-add = one FLOP)")
-    print(f"  params: {info['params'] / 1e6:.2f} M counted  (whole model "
-          f"{info['model_params'] / 1e6:.2f} M, backbone {info['backbone_params'] / 1e6:.2f} M)")
+    rows = []
+    for path in args.configs:
+        cfg = Config.fromfile(path)
+        if args.cfg_options:
+            cfg.merge_from_dict(args.cfg_options)
+        info = complexity(cfg, args.shape, args.backbone_only)
+        rows.append(dict(config=path, shape=list(args.shape), counted=what,
+                         flops=int(info['flops']), params=int(info['params']),
+                         model_params=int(info['model_params']),
+                         backbone_params=int(info['backbone_params'])))
+        print(f'{path}  input 3x{args.shape[0]}x{args.shape[1]}  ({what})')
+        print(f"  FLOPs:  {info['flops'] / 1e9:.2f} G  (one multiply-add = one FLOP)")
+        print(f"  params: {info['params'] / 1e6:.2f} M counted  (whole model "
+              f"{info['model_params'] / 1e6:.2f} M, backbone "
+              f"{info['backbone_params'] / 1e6:.2f} M)", flush=True)
+    if len(rows) > 1:
+        print(f'\n| config | params ({what}) | FLOPs at {args.shape[1]}x{args.shape[0]} |')
+        print('|---|---|---|')
+        for row in rows:
+            print(f"| {osp.basename(row['config'])} | {row['params'] / 1e6:.1f}M "
+                  f"| {row['flops'] / 1e9:.0f}G |")
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump(rows, f, indent=2)
+    return rows
 
 
 if __name__ == '__main__':

@@ -3,12 +3,14 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 from torch import Tensor
 
 from ...registry import register_model
 from ..converters import convert_cswin
-from ..layers.inline_attention import InLineCore, tokens_to_grid, zero_padded_tokens
+from ..layers.blocks import TokenMlp
+from ..layers.inline_attention import (InLineCore, grid_to_tokens, tokens_to_grid,
+                                       zero_padded_tokens)
 from ..layers.softmax_attention import softmax_attention
 from ..layers.windows import Window, pad_image, run_in_windows
 from .base import InLineBackbone, WindowSpec, parse_attn_type, per_stage_windows, resolve_arch
@@ -22,8 +24,7 @@ def lepe_conv(dim: int) -> nn.Conv2d:
 def apply_lepe(conv: nn.Conv2d, v: Tensor, window: Tuple[int, int],
                valid: Optional[Tensor]) -> Tensor:
     """LePE of ``(B', N, C)`` window tokens; padded tokens count as zero padding."""
-    grid = tokens_to_grid(zero_padded_tokens(v, valid), window)
-    return conv(grid).flatten(2).transpose(1, 2)
+    return grid_to_tokens(conv(tokens_to_grid(zero_padded_tokens(v, valid), window)))
 
 
 def _in_windows(tensors: Sequence[Tensor], hw: Tuple[int, int], window: Window, fn,
@@ -119,7 +120,7 @@ class CSWinBlock(nn.Module):
             attns = [LePEAttention(dim, num_heads, (None, None))]
         self.attns = nn.ModuleList(attns)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
+        self.mlp = TokenMlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
         self.norm2 = nn.LayerNorm(dim)
 
     def forward(self, x: Tensor, hw: Tuple[int, int]) -> Tensor:
@@ -146,7 +147,7 @@ class MergeBlock(nn.Module):
     def forward(self, x: Tensor, hw: Tuple[int, int]) -> Tuple[Tensor, Tuple[int, int]]:
         x = self.conv(tokens_to_grid(x, hw))
         out_hw = (x.shape[2], x.shape[3])
-        return self.norm(x.flatten(2).transpose(1, 2)), out_hw
+        return self.norm(grid_to_tokens(x)), out_hw
 
 
 class ConvStem(nn.Sequential):

@@ -85,9 +85,19 @@ def zero_padded_tokens(x: Tensor, valid: Optional[Tensor]) -> Tensor:
 
 
 def tokens_to_grid(x: Tensor, hw: Tuple[int, int]) -> Tensor:
-    """``(B, h*w, C)`` -> ``(B, C, h, w)``."""
+    """``(B, h*w, C)`` -> ``(B, C, h, w)``, a channels-last view of the tokens.
+
+    Convolutions take channels-last input directly (mkldnn / cuDNN), which on
+    the CPU runs depthwise 3x3 convolutions several times faster than the
+    NCHW copy, and :func:`grid_to_tokens` turns their output back without a copy.
+    """
     b, _, c = x.shape
-    return x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
+    return x.reshape(b, hw[0], hw[1], c).permute(0, 3, 1, 2)
+
+
+def grid_to_tokens(x: Tensor) -> Tensor:
+    """``(B, C, h, w)`` -> ``(B, h*w, C)`` (a view for channels-last input)."""
+    return x.permute(0, 2, 3, 1).reshape(x.shape[0], -1, x.shape[1])
 
 
 class InLineCore(nn.Module):
@@ -137,11 +147,16 @@ class InLineCore(nn.Module):
         ``kernel_src`` over its real tokens.  Returns ``(B, h*w, C)``.
         """
         b, _, c = v.shape
+        h, w = hw
         mean = masked_token_mean(kernel_src, valid).to(v.dtype)
         weight = self.residual(mean.unsqueeze(-1)).reshape(b * c, 1, 3, 3)
-        grid = tokens_to_grid(zero_padded_tokens(v, valid), hw).reshape(1, b * c, *hw)
+        # One grouped convolution over all samples: lay the grid out as
+        # (h, w, B, C) so that the B*C groups are contiguous channels of a
+        # channels-last map (a view of the tokens when B == 1).
+        grid = zero_padded_tokens(v, valid).reshape(b, h, w, c).permute(1, 2, 0, 3)
+        grid = grid.reshape(1, h, w, b * c).permute(0, 3, 1, 2)
         out = F.conv2d(grid, weight.to(grid.dtype), padding=1, groups=b * c)
-        return out.reshape(b, c, -1).transpose(1, 2)
+        return out.permute(0, 2, 3, 1).reshape(h, w, b, c).permute(2, 0, 1, 3).reshape(b, h * w, c)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, kernel_src: Tensor,
                hw: Tuple[int, int], valid: Optional[Tensor] = None) -> Tensor:
