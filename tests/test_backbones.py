@@ -39,6 +39,8 @@ def test_output_shapes_any_size(cls, hw):
     for out, c, size in zip(outs, CHANNELS[cls], expected_sizes(cls, *hw)):
         assert out.shape == (1, c, *size)
         assert torch.isfinite(out).all()
+        # plain NCHW memory: mmcv's compiled ops (RoIAlign) read the raw layout
+        assert out.is_contiguous()
 
 
 ARCHS = [(InLinePVT, a) for a in ('tiny', 'small', 'medium', 'large')] + \

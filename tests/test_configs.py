@@ -76,3 +76,30 @@ def test_config_builds_and_runs_forward(path):
         assert results[0].pred_instances.bboxes.shape[-1] == 4
     else:
         assert results[0].pred_sem_seg.data.shape[-2:] == (96, 128)
+
+
+@pytest.mark.parametrize('task', ['det', 'seg'])
+def test_model_zoo_metafile_and_readme_agree(task):
+    """Every full config has a metafile entry; its FLOPs / params match the README table."""
+    import re
+
+    import yaml
+    folder = os.path.join(REPO_ROOT, 'configs', task)
+    with open(os.path.join(folder, 'metafile.yml')) as f:
+        models = yaml.safe_load(f)['Models']
+    with open(os.path.join(folder, 'README.md')) as f:
+        readme = f.read()
+    full = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, '*.py'))
+                  if os.path.basename(p) != 'mask_rcnn_inline_pvt.py')  # an alias of PVT-T
+    toy = [m for m in models if '/toy/' in m['Config']]
+    models = [m for m in models if '/toy/' not in m['Config']]
+    assert sorted(os.path.basename(m['Config']) for m in models) == full
+    assert toy and all(os.path.isfile(os.path.join(REPO_ROOT, m['Config'])) for m in toy)
+    for m in models:
+        flops, params = m['Metadata']['FLOPs'], m['Metadata']['Parameters']
+        row = next(line for line in readme.splitlines()
+                   if line.startswith('| [') and f"({os.path.basename(m['Config'])})" in line)
+        cells = [c.strip() for c in row.split('|')]
+        assert f'{params / 1e6:.1f}M' in cells, (m['Name'], cells)
+        assert f'{flops / 1e9:.0f}G' in cells, (m['Name'], cells)
+        assert re.fullmatch(r'\d+', str(flops)) and flops > 1e9

@@ -9,6 +9,7 @@ from torch import Tensor
 from ...registry import register_model
 from ..converters import convert_pvt
 from ..layers.blocks import PatchEmbed, TransformerBlock
+from ..layers.inline_attention import tokens_to_grid
 from ..layers.pos_embed import PosEmbedResizer
 from .base import InLineBackbone, WindowSpec, parse_attn_type, per_stage_windows, resolve_arch
 
@@ -115,7 +116,9 @@ class InLinePVT(InLineBackbone):
             x = getattr(self, f'pos_drop{i + 1}')(x + pos)
             for block in getattr(self, f'block{i + 1}'):
                 x = self.run_block(block, x, hw)
-            x = self.to_nchw(x, hw)
+            # The next patch embedding takes a channels-last view of the tokens;
+            # the outputs are the usual contiguous NCHW maps.
+            x = tokens_to_grid(x, hw)
             if i in self.out_indices:
-                outs.append(x)
+                outs.append(x.contiguous())
         return tuple(outs)

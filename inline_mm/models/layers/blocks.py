@@ -6,7 +6,7 @@ import torch.nn as nn
 from timm.layers import DropPath, Mlp
 from torch import Tensor
 
-from .inline_attention import InLineAttention
+from .inline_attention import InLineAttention, grid_to_tokens
 from .softmax_attention import WindowAttention
 from .windows import Window, pad_image, pad_to_multiple, run_in_windows
 
@@ -60,7 +60,7 @@ class PatchEmbed(nn.Module):
         """``(B, C, H, W)`` -> tokens ``(B, h * w, D)`` and ``(h, w)``."""
         x = self.proj(pad_image(x, self.patch_size))
         hw = (x.shape[2], x.shape[3])
-        x = x.flatten(2).transpose(1, 2)
+        x = grid_to_tokens(x)  # a view when the input (so the output) is channels-last
         if self.norm is not None:
             x = self.norm(x)
         return x, hw
