@@ -7,7 +7,7 @@ Configs load it with ``custom_imports = dict(imports=['inline_mm'],
 allow_failed_imports=False)``.
 """
 from . import datasets  # noqa: F401  (registers the toy datasets)
-from . import dist, hooks  # noqa: F401  (registers the CPU DDP wrapper and the hooks)
+from . import dist, hooks, optim  # noqa: F401  (CPU DDP / autocast wrappers, hooks)
 from .checkpoint import allow_mmengine_checkpoints, load_pretrained
 from .models import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
 from .registry import register_model

@@ -16,6 +16,7 @@ from inline_mm.datasets import make_coco_toy
 
 CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
 TRAIN = os.path.join(REPO_ROOT, 'tools', 'train.py')
+SEG_CONFIG = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')
 
 
 @pytest.fixture(scope='module')
@@ -192,3 +193,34 @@ def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
     assert infer.returncode == 0, infer.stderr[-3000:]
     written = sorted(os.listdir(tmp_path / 'pred'))
     assert written == [os.path.basename(p)[:-4] + '.png' for p in images]
+
+
+def test_cpu_autocast_wrapper_runs_the_forward_in_bf16():
+    from mmengine.optim import build_optim_wrapper
+    model = torch.nn.Linear(4, 2)
+    before = model.weight.detach().clone()
+    wrapper = build_optim_wrapper(model, dict(type='CPUAutocastOptimWrapper',
+                                              optimizer=dict(type='SGD', lr=0.1)))
+    with wrapper.optim_context(model):
+        out = model(torch.randn(3, 4))
+    assert out.dtype == torch.bfloat16
+    wrapper.update_params(out.float().square().mean())
+    # the parameters (and their update) stay fp32
+    assert model.weight.dtype == torch.float32 and not torch.equal(model.weight, before)
+    with pytest.raises(ValueError, match="'bfloat16' or 'float16'"):
+        build_optim_wrapper(model, dict(type='CPUAutocastOptimWrapper', dtype='int8',
+                                        optimizer=dict(type='SGD', lr=0.1)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of --amp")
+def test_amp_on_the_cpu(tmp_path):
+    """--amp without a GPU: bf16 autocast for segmentors, a clear refusal for detectors."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, 'tools'))
+    import train
+    args = train.parse_args([SEG_CONFIG, '--amp', '--work-dir', str(tmp_path / 'seg')])
+    cfg = train.build_config(args)
+    assert cfg.optim_wrapper.type == 'CPUAutocastOptimWrapper'
+    assert cfg.optim_wrapper.dtype == 'bfloat16' and 'loss_scale' not in cfg.optim_wrapper
+    with pytest.raises(ValueError, match='without --amp'):
+        train.build_config(train.parse_args([CONFIG, '--amp', '--work-dir', str(tmp_path)]))
+    assert not os.path.exists(tmp_path / 'seg')  # nothing written before the run starts

@@ -14,6 +14,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
+import torch  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
@@ -29,7 +30,8 @@ def parse_args(argv=None):
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CKPT, or from the latest checkpoint of the work dir '
                         'when no path is given')
-    parser.add_argument('--amp', action='store_true', help='automatic mixed precision')
+    parser.add_argument('--amp', action='store_true',
+                        help='mixed precision (fp16 AMP on a GPU, bf16 autocast on the CPU)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the learning rate by the actual total batch size')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
@@ -57,7 +59,15 @@ def build_config(args) -> Config:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
     if args.amp:
         wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        if wrapper != 'AmpOptimWrapper':
+        if not torch.cuda.is_available():  # mmengine's AmpOptimWrapper needs a GPU
+            if task_of(cfg) == 'mmdet':
+                raise ValueError('--amp without a GPU means bf16 autocast, and the CPU kernels '
+                                 "of mmcv's NMS / RoIAlign take fp32 only: train detectors "
+                                 'on the CPU without --amp (segmentors support it)')
+            cfg.optim_wrapper.type = 'CPUAutocastOptimWrapper'
+            cfg.optim_wrapper.pop('loss_scale', None)
+            cfg.optim_wrapper.setdefault('dtype', 'bfloat16')
+        elif wrapper != 'AmpOptimWrapper':
             cfg.optim_wrapper.type = 'AmpOptimWrapper'
             cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
     if args.auto_scale_lr:
