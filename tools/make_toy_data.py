@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--out', default='data',
                         help='parent folder; the sets go to OUT/coco_toy and OUT/ade_toy')
     parser.add_argument('--num-train', type=int, default=None,
-                        help='training images (default: 400 det, 200 seg)')
+                        help='training images (default: 400 det, 1000 seg)')
     parser.add_argument('--num-val', type=int, default=None,
                         help='validation images (default: 50 det, 40 seg)')
     parser.add_argument('--size', type=int, default=256, help='image side in pixels')
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
                      dict(num_train=400, num_val=50), dict(num_classes=args.num_classes)))
     if args.task in ('seg', 'all'):
         jobs.append(('seg', osp.join(args.out, 'ade_toy'), toy.make_ade_toy,
-                     dict(num_train=200, num_val=40), {}))
+                     dict(num_train=1000, num_val=40), {}))
 
     for task, root, make, defaults, extra in jobs:
         kwargs = dict(

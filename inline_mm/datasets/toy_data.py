@@ -602,7 +602,7 @@ def make_coco_toy(root: str,
 
 
 def make_ade_toy(root: str,
-                 num_train: int = 200,
+                 num_train: int = 1000,
                  num_val: int = 40,
                  image_size: Union[int, Tuple[int, int]] = 256,
                  seed: int = 0,
@@ -627,7 +627,8 @@ def make_ade_toy(root: str,
 
     Args:
         root (str): Output folder (created; its parent too).
-        num_train (int): Training images, >= 1. Defaults to 200.
+        num_train (int): Training images, >= 1. Defaults to 1000 (with fewer, the
+            toy Semantic FPN overfits before it separates the shapes).
         num_val (int): Validation images, >= 1. Defaults to 40.
         image_size (int | tuple[int, int]): Side, or ``(height, width)``,
             each >= 32. Defaults to 256.

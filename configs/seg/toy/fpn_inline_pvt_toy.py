@@ -1,18 +1,19 @@
 # Semantic FPN + InLine-PVT-T trained from scratch on the bundled synthetic
 # ADE20K-layout set (python tools/make_toy_data.py --task seg), sized to learn on
 # a 2-core CPU in minutes.  What it trades away against the full recipe
-# (fpn_inline-pvt-t_4xb4-80k_ade20k-512x512.py): no ImageNet weights, 192x192
-# inputs without multi-scale crops or photometric distortion, a 64-channel FPN and
-# head (256 / 128), plain BN, and a few hundred iterations instead of 80k.
+# (fpn_inline-pvt-t_4xb4-80k_ade20k-512x512.py): no ImageNet weights, 128x128
+# inputs (the generated images are 256x256) without multi-scale crops or
+# photometric distortion, a 64-channel FPN and head (256 / 128), plain BN,
+# bf16 autocast on the CPU, and 2k iterations instead of 80k.
 _base_ = 'mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py'
 custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
 
 data_root = 'data/ade_toy/'
 dataset_type = 'ADEToyDataset'  # ADE20KDataset with the toy classes (inline_mm.datasets)
 num_classes = 4
-image_size = (192, 192)  # the generated images are 256x256
+image_size = (128, 128)  # the generated images are 256x256
 width = 64
-max_iters = 450
+max_iters = 2000
 val_interval = max_iters
 
 norm_cfg = dict(type='BN', requires_grad=True)
@@ -57,8 +58,10 @@ val_dataloader = dict(
 test_dataloader = val_dataloader
 
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=val_interval)
+# bf16 autocast of the forward pass on the CPU (about 2x faster per iteration
+# there; parameters and optimiser state stay fp32).  On a GPU it changes nothing.
 optim_wrapper = dict(
-    _delete_=True, type='OptimWrapper',
+    _delete_=True, type='CPUAutocastOptimWrapper', dtype='bfloat16',
     optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.01),
     paramwise_cfg=dict(custom_keys={'pos_embed': dict(decay_mult=0.),
                                     'norm': dict(decay_mult=0.)}),
