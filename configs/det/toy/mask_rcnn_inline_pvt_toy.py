@@ -14,7 +14,7 @@ metainfo = dict(classes=classes, palette=[(220, 20, 60), (0, 130, 200), (60, 180
 image_size = (192, 192)  # the generated images are 256x256
 width = 64  # channels of the neck and heads
 gn = dict(type='GN', num_groups=16, requires_grad=True)
-max_iters = 600
+max_iters = 750
 val_interval = max_iters
 
 model = dict(
