@@ -16,7 +16,7 @@ class TokenMlp(Mlp):
 
     Without autograd the ``mlp_ratio``-wide hidden activations are only
     temporaries, so the tokens go through ``fc1 -> GELU -> fc2`` in chunks of
-    ``chunk_tokens``, written straight into the output.  At detection sizes
+    ``chunk_tokens``, each copied into the output.  At detection sizes
     (InLine-PVT's first stage: 67k tokens x 512 hidden channels at 1333x800)
     this keeps the hidden tensor in cache instead of streaming hundreds of MB
     through memory twice, and lowers the peak memory of a forward pass.  The
