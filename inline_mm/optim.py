@@ -2,9 +2,9 @@
 
 mmengine's ``AmpOptimWrapper`` is built on ``torch.cuda.amp`` and refuses to
 start without a GPU.  On CPUs with bf16 instructions (AVX512-BF16, AMX)
-autocasting the forward pass to bfloat16 roughly halves the time of a
-training iteration; bf16 has fp32's exponent range, so no loss scaling is
-needed.  ``tools/train.py --amp`` picks this wrapper when no GPU is present.
+autocasting the forward pass to bfloat16 shortens a training iteration
+(matmuls and convolutions run on the bf16 units); bf16 has fp32's exponent
+range, so no loss scaling is needed.  ``tools/train.py --amp`` picks this wrapper when no GPU is present.
 """
 from contextlib import contextmanager
 from typing import Union

@@ -72,8 +72,7 @@ def main(argv=None) -> int:
         warmup.end = min(warmup.end, max(1, args.iters // 5))
         decay.begin, decay.end = warmup.end, args.iters
     # evaluate explicitly before and after training, not inside the loop (mmengine's
-    # loop also validates at its last iteration unless val_begin lies beyond it)
-    cfg.train_cfg.val_interval = cfg.train_cfg.max_iters + 1
+    # loop validates every val_interval and at its last iteration, from val_begin on)
     cfg.train_cfg.val_begin = cfg.train_cfg.max_iters + 1
     cfg.default_hooks.checkpoint.interval = cfg.train_cfg.max_iters
     check_datasets(cfg)

@@ -17,6 +17,7 @@ prints a table with the InLine / softmax ratio per size and the log-log slope
 of latency against pixel count for every model.
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -37,6 +38,23 @@ COUNTERPARTS = {'pvt': ('inline_pvt_t', 'mmdet_pvt_t'), 'swin': ('inline_swin_t'
                 'deit': ('inline_deit_t', 'timm_deit_t'), 'cswin': ('inline_cswin_t', None)}
 
 
+#: mmdet's softmax backbones with the settings of PVT-T / Swin-T, as mmdet configs
+#: (also what benchmark_train.py puts into a detector in place of the InLine backbone).
+MMDET_BACKBONES = {
+    'mmdet_pvt_t': dict(type='mmdet.PyramidVisionTransformer', num_layers=[2, 2, 2, 2],
+                        embed_dims=64, num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
+                        qkv_bias=True, init_cfg=None),
+    'mmdet_swin_t': dict(type='mmdet.SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2],
+                         num_heads=[3, 6, 12, 24], window_size=7, init_cfg=None),
+}
+
+
+def quartiles(times: List[float]) -> Tuple[float, float, float]:
+    """(median, 25 %, 75 %) of repeated timings."""
+    q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
+    return statistics.median(times), q[0], q[2]
+
+
 def build_backbone(name: str) -> nn.Module:
     """Backbones by benchmark name: ``inline_{pvt,swin,cswin,deit}_{t,s,...}``,
     ``mmdet_pvt_t``, ``mmdet_swin_t``, ``timm_deit_t`` (softmax counterparts)."""
@@ -47,15 +65,10 @@ def build_backbone(name: str) -> nn.Module:
         cls = {'pvt': inline_mm.InLinePVT, 'swin': inline_mm.InLineSwin,
                'cswin': inline_mm.InLineCSWin, 'deit': inline_mm.InLineDeiT}[family]
         return cls(arch=arch)
-    if name == 'mmdet_pvt_t':
-        from mmdet.models.backbones import PyramidVisionTransformer
-        return PyramidVisionTransformer(embed_dims=64, num_layers=[2, 2, 2, 2],
-                                        num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
-                                        qkv_bias=True)
-    if name == 'mmdet_swin_t':
-        from mmdet.models.backbones import SwinTransformer
-        return SwinTransformer(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
-                               window_size=7)
+    if name in MMDET_BACKBONES:
+        import mmdet.models  # noqa: F401  (registers the backbones)
+        from mmdet.registry import MODELS
+        return MODELS.build(copy.deepcopy(MMDET_BACKBONES[name]))
     if name == 'authors_pvt_t':  # the authors' code, from --reference-dir (not bundled)
         import importlib
         module = importlib.import_module('inline_pvt')
@@ -282,12 +295,11 @@ def main(argv=None) -> dict:
                 times = time_models(models, size, batch, dtype, device, args.warmup,
                                     args.repeats, progress)
                 for spec, ts in times.items():
-                    q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
-                    med = statistics.median(ts)
+                    med, p25, p75 = quartiles(ts)
                     row = dict(model=spec, height=size[0], width=size[1],
                                pixels=size[0] * size[1], batch=batch, dtype=dtype,
-                               latency_ms=dict(median=med * 1e3, p25=q[0] * 1e3,
-                                               p75=q[2] * 1e3, min=min(ts) * 1e3),
+                               latency_ms=dict(median=med * 1e3, p25=p25 * 1e3,
+                                               p75=p75 * 1e3, min=min(ts) * 1e3),
                                throughput_img_s=batch / med)
                     if not args.no_memory and (memory_sizes is None or size in memory_sizes):
                         progress(f'  peak memory of {spec} at {size[1]}x{size[0]}')

@@ -19,12 +19,12 @@ import copy
 import json
 import os
 import os.path as osp
-import statistics
 import sys
 import time
 from typing import Dict, List
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 from mmengine.config import Config  # noqa: E402
@@ -32,19 +32,10 @@ from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.optim import build_optim_wrapper  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 
+from benchmark import MMDET_BACKBONES, parse_size, quartiles  # noqa: E402  (same folder)
 from inline_mm.runner_utils import task_of  # noqa: E402
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DEFAULT_CONFIG = osp.join(ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py')
-
-#: Softmax counterparts as mmdet backbone configs (mmdet's own PVT-T / Swin-T settings).
-SOFTMAX_BACKBONES = {
-    'mmdet_pvt_t': dict(type='mmdet.PyramidVisionTransformer', num_layers=[2, 2, 2, 2],
-                        embed_dims=64, num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
-                        qkv_bias=True, init_cfg=None),
-    'mmdet_swin_t': dict(type='mmdet.SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2],
-                         num_heads=[3, 6, 12, 24], window_size=7, init_cfg=None),
-}
 
 
 def parse_args(argv=None):
@@ -52,8 +43,8 @@ def parse_args(argv=None):
     parser.add_argument('config', nargs='?', default=DEFAULT_CONFIG,
                         help='detector config with an InLine backbone')
     parser.add_argument('--softmax-backbone', default='mmdet_pvt_t',
-                        choices=sorted(SOFTMAX_BACKBONES))
-    parser.add_argument('--size', default='800x800', help='W x H of every image')
+                        choices=sorted(MMDET_BACKBONES))
+    parser.add_argument('--size', default='800x800', help='W x H (or S) of every image')
     parser.add_argument('--batch-size', type=int, default=2)
     parser.add_argument('--objects', type=int, default=8, help='ground-truth objects per image')
     parser.add_argument('--warmup', type=int, default=1)
@@ -106,10 +97,10 @@ def main(argv=None) -> dict:
     init_default_scope('mmdet')
     # the optimiser builder logs one line per parameter group at INFO
     MMLogger.get_instance('mmengine', log_level='WARNING')
-    w, h = (int(v) for v in args.size.lower().split('x'))
+    h, w = parse_size(args.size)
     cfg.model.backbone.init_cfg = None
     softmax_cfg = copy.deepcopy(cfg)
-    softmax_cfg.model.backbone = copy.deepcopy(SOFTMAX_BACKBONES[args.softmax_backbone])
+    softmax_cfg.model.backbone = copy.deepcopy(MMDET_BACKBONES[args.softmax_backbone])
     inline_name = f"{cfg.model.backbone.type}({cfg.model.backbone.get('arch', '')})"
     models = {inline_name: build(cfg), args.softmax_backbone: build(softmax_cfg)}
     data = synthetic_batch((h, w), args.batch_size, args.objects,
@@ -129,8 +120,8 @@ def main(argv=None) -> dict:
 
     rows = {}
     for name, ts in times.items():
-        q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
-        rows[name] = dict(median_s=statistics.median(ts), p25_s=q[0], p75_s=q[2], times_s=ts)
+        median, p25, p75 = quartiles(ts)
+        rows[name] = dict(median_s=median, p25_s=p25, p75_s=p75, times_s=ts)
     ratio = rows[inline_name]['median_s'] / rows[args.softmax_backbone]['median_s']
     result = dict(config=args.config, size=[h, w], batch_size=args.batch_size,
                   threads=args.threads, device='cpu', rows=rows, ratio=ratio)

@@ -11,6 +11,7 @@ from mmengine.model import BaseModule
 from timm.layers import trunc_normal_
 from torch import Tensor
 
+from ..layers.inline_attention import tokens_to_grid
 from ..layers.windows import Window, to_window
 
 WindowSpec = Union[str, int, Sequence, None]
@@ -175,8 +176,8 @@ class InLineBackbone(BaseModule):
 
     @staticmethod
     def to_nchw(x: Tensor, hw: Tuple[int, int]) -> Tensor:
-        b, _, c = x.shape
-        return x.transpose(1, 2).reshape(b, c, hw[0], hw[1]).contiguous()
+        """Tokens -> a contiguous NCHW map (what necks and mmcv's RoIAlign expect)."""
+        return tokens_to_grid(x, hw).contiguous()
 
     # ------------------------------------------------------------ weights
     @staticmethod

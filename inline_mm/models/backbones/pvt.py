@@ -116,9 +116,8 @@ class InLinePVT(InLineBackbone):
             x = getattr(self, f'pos_drop{i + 1}')(x + pos)
             for block in getattr(self, f'block{i + 1}'):
                 x = self.run_block(block, x, hw)
-            # The next patch embedding takes a channels-last view of the tokens;
-            # the outputs are the usual contiguous NCHW maps.
-            x = tokens_to_grid(x, hw)
             if i in self.out_indices:
-                outs.append(x.contiguous())
+                outs.append(self.to_nchw(x, hw))
+            # the next patch embedding takes a channels-last view, not the NCHW copy
+            x = tokens_to_grid(x, hw)
         return tuple(outs)

@@ -27,17 +27,17 @@ class TokenMlp(Mlp):
     chunk_tokens = 4096
 
     def forward(self, x: Tensor) -> Tensor:
-        chunked = (not self.training and not torch.is_grad_enabled() and x.dim() == 3
-                   and x.shape[0] * x.shape[1] > 2 * self.chunk_tokens
-                   and isinstance(self.norm, nn.Identity))
-        if not chunked:
+        num_tokens = x.numel() // x.shape[-1]
+        if self.training or torch.is_grad_enabled() or num_tokens <= 2 * self.chunk_tokens:
             return super().forward(x)
-        tokens = x.reshape(-1, x.shape[-1])
+        tokens = x.reshape(num_tokens, x.shape[-1])
         out = None
-        for start in range(0, tokens.shape[0], self.chunk_tokens):
-            chunk = self.fc2(self.act(self.fc1(tokens[start:start + self.chunk_tokens])))
+        for start in range(0, num_tokens, self.chunk_tokens):
+            # timm's order; the dropouts are no-ops in eval mode
+            hidden = self.act(self.fc1(tokens[start:start + self.chunk_tokens]))
+            chunk = self.fc2(self.norm(hidden))
             if out is None:  # dtype from the first chunk: autocast decides it
-                out = chunk.new_empty(tokens.shape[0], chunk.shape[-1])
+                out = chunk.new_empty(num_tokens, chunk.shape[-1])
             out[start:start + chunk.shape[0]] = chunk
         return out.view(*x.shape[:-1], out.shape[-1])
 

@@ -87,9 +87,9 @@ def zero_padded_tokens(x: Tensor, valid: Optional[Tensor]) -> Tensor:
 def tokens_to_grid(x: Tensor, hw: Tuple[int, int]) -> Tensor:
     """``(B, h*w, C)`` -> ``(B, C, h, w)``, a channels-last view of the tokens.
 
-    Convolutions take channels-last input directly (mkldnn / cuDNN), which on
-    the CPU runs depthwise 3x3 convolutions several times faster than the
-    NCHW copy, and :func:`grid_to_tokens` turns their output back without a copy.
+    Convolutions take channels-last input directly (oneDNN / cuDNN), so no
+    NCHW copy is made on the way in, and :func:`grid_to_tokens` turns their
+    output back without a copy either.
     """
     b, _, c = x.shape
     return x.reshape(b, hw[0], hw[1], c).permute(0, 3, 1, 2)
