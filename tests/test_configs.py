@@ -42,7 +42,7 @@ def test_the_expected_configs_exist():
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
 def test_config_builds_and_runs_forward(path):
     cfg = Config.fromfile(path)
-    assert cfg.custom_imports['imports'] == ['inline_mm']
+    assert cfg.custom_imports['imports'][0] == 'inline_mm'
     backbone = cfg.model.backbone
     assert backbone.type in SHRINK
     if 'toy' not in path:

@@ -24,7 +24,7 @@ from mmengine.config import Config  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from inline_mm.datasets import make_ade_toy, make_coco_toy  # noqa: E402
-from inline_mm.runner_utils import check_datasets, draw_predictions  # noqa: E402
+from inline_mm.engine.runner_utils import check_datasets, draw_predictions  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TASKS = {

@@ -14,7 +14,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.config import Config  # noqa: E402
 
-from inline_mm.runner_utils import draw_predictions, task_of  # noqa: E402
+from inline_mm.engine.runner_utils import draw_predictions, task_of  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -14,8 +14,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from inline_mm.dist import finish_distributed, prepare_distributed  # noqa: E402
-from inline_mm.runner_utils import check_datasets, task_of  # noqa: E402
+from inline_mm.engine.dist import finish_distributed, prepare_distributed  # noqa: E402
+from inline_mm.engine.runner_utils import check_datasets, task_of  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -1,9 +1,9 @@
 """Dataset helpers: deterministic synthetic COCO / ADE20K toy sets.
 
-:mod:`.toy_data` writes the sets (numpy + OpenCV only).  This package also
-registers two thin dataset classes whose ``METAINFO`` names the toy classes,
-so configs can use them with ``custom_imports=dict(imports=['inline_mm',
-'inline_mm.datasets'])``:
+:mod:`.toy_data` writes the sets (numpy + OpenCV only).  Importing this
+package also registers two thin dataset classes whose ``METAINFO`` names the
+toy classes, into whichever toolkit is installed, so configs can use them with
+``custom_imports=dict(imports=['inline_mm', 'inline_mm.datasets'])``:
 
 * ``ADEToyDataset`` (mmseg ``DATASETS``): needed because mmseg's
   ``ADE20KDataset`` refuses ``metainfo=dict(classes=...)`` whose names are not
@@ -13,39 +13,46 @@ so configs can use them with ``custom_imports=dict(imports=['inline_mm',
   classes and palette as defaults (``CocoDataset`` itself also accepts
   ``metainfo=dict(classes=COCO_TOY_CLASSES)``).
 """
-from mmdet.datasets import CocoDataset
-from mmdet.registry import DATASETS as MMDET_DATASETS
-from mmseg.datasets import ADE20KDataset
-from mmseg.registry import DATASETS as MMSEG_DATASETS
-
 from .toy_data import (ADE_TOY_CLASSES, ADE_TOY_PALETTE, COCO_TOY_ALL_CLASSES,
                        COCO_TOY_CLASSES, COCO_TOY_PALETTE, MARKER_FILE, coco_toy_classes,
                        make_ade_toy, make_coco_toy)
 
-
-@MMSEG_DATASETS.register_module()
-class ADEToyDataset(ADE20KDataset):
-    """mmseg ``ADE20KDataset`` for the set written by :func:`make_ade_toy`.
-
-    Images ``*.jpg``, labels ``*.png`` with ``reduce_zero_label=True``
-    (label value ``k + 1`` is class ``k`` of :data:`ADE_TOY_CLASSES`).
-    """
-    METAINFO = dict(classes=ADE_TOY_CLASSES, palette=ADE_TOY_PALETTE)
-
-
-@MMDET_DATASETS.register_module()
-class CocoToyDataset(CocoDataset):
-    """mmdet ``CocoDataset`` for the set written by :func:`make_coco_toy`.
-
-    The default classes are the three of ``num_classes=3``; for a set made
-    with more classes pass ``metainfo=dict(classes=coco_toy_classes(n))``.
-    """
-    # The palette covers all five classes, so it also fits larger sets.
-    METAINFO = dict(classes=COCO_TOY_CLASSES, palette=COCO_TOY_PALETTE)
-
-
 __all__ = [
     'ADE_TOY_CLASSES', 'ADE_TOY_PALETTE', 'COCO_TOY_ALL_CLASSES', 'COCO_TOY_CLASSES',
-    'COCO_TOY_PALETTE', 'MARKER_FILE', 'coco_toy_classes', 'make_ade_toy', 'make_coco_toy',
-    'ADEToyDataset', 'CocoToyDataset'
+    'COCO_TOY_PALETTE', 'MARKER_FILE', 'coco_toy_classes', 'make_ade_toy', 'make_coco_toy'
 ]
+
+try:
+    from mmseg.datasets import ADE20KDataset
+    from mmseg.registry import DATASETS as MMSEG_DATASETS
+except ImportError:  # segmentation toolkit not installed
+    pass
+else:
+    @MMSEG_DATASETS.register_module()
+    class ADEToyDataset(ADE20KDataset):
+        """mmseg ``ADE20KDataset`` for the set written by :func:`make_ade_toy`.
+
+        Images ``*.jpg``, labels ``*.png`` with ``reduce_zero_label=True``
+        (label value ``k + 1`` is class ``k`` of :data:`ADE_TOY_CLASSES`).
+        """
+        METAINFO = dict(classes=ADE_TOY_CLASSES, palette=ADE_TOY_PALETTE)
+
+    __all__.append('ADEToyDataset')
+
+try:
+    from mmdet.datasets import CocoDataset
+    from mmdet.registry import DATASETS as MMDET_DATASETS
+except ImportError:  # detection toolkit not installed
+    pass
+else:
+    @MMDET_DATASETS.register_module()
+    class CocoToyDataset(CocoDataset):
+        """mmdet ``CocoDataset`` for the set written by :func:`make_coco_toy`.
+
+        The default classes are the three of ``num_classes=3``; for a set made
+        with more classes pass ``metainfo=dict(classes=coco_toy_classes(n))``.
+        """
+        # The palette covers all five classes, so it also fits larger sets.
+        METAINFO = dict(classes=COCO_TOY_CLASSES, palette=COCO_TOY_PALETTE)
+
+    __all__.append('CocoToyDataset')

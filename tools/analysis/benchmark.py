@@ -95,7 +95,7 @@ def build_from_config(path: str) -> nn.Module:
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
 
-    from inline_mm.runner_utils import task_of
+    from inline_mm.engine.runner_utils import task_of
     cfg = Config.fromfile(path)
     task = task_of(cfg)
     init_default_scope(task)

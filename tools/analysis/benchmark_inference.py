@@ -27,8 +27,8 @@ from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import Runner, load_checkpoint  # noqa: E402
 
-from inline_mm.dist import finish_distributed, prepare_distributed  # noqa: E402
-from inline_mm.runner_utils import check_datasets, task_of  # noqa: E402
+from inline_mm.engine.dist import finish_distributed, prepare_distributed  # noqa: E402
+from inline_mm.engine.runner_utils import check_datasets, task_of  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -33,7 +33,7 @@ from mmengine.optim import build_optim_wrapper  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 
 from benchmark import MMDET_BACKBONES, parse_size, quartiles  # noqa: E402  (same folder)
-from inline_mm.runner_utils import task_of  # noqa: E402
+from inline_mm.engine.runner_utils import task_of  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py')
 

@@ -26,7 +26,7 @@ from mmengine.analysis import get_model_complexity_info  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 
-from inline_mm.runner_utils import task_of  # noqa: E402
+from inline_mm.engine.runner_utils import task_of  # noqa: E402
 
 
 class _Forward(torch.nn.Module):

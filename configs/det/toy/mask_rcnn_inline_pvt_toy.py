@@ -6,7 +6,8 @@
 # head (4), 128 sampled RoIs per image (512), 256-d box FC layers (1024), fewer
 # proposals, and an iteration-based schedule of a few hundred steps.
 _base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
-custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+custom_imports = dict(imports=['inline_mm', 'inline_mm.datasets', 'inline_mm.engine'],
+                      allow_failed_imports=False)
 
 data_root = 'data/coco_toy/'
 classes = ('circle', 'rectangle', 'triangle')

@@ -6,7 +6,8 @@
 # photometric distortion, a 64-channel FPN and head (256 / 128), plain BN,
 # bf16 autocast on the CPU, and 2k iterations instead of 80k.
 _base_ = 'mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py'
-custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+custom_imports = dict(imports=['inline_mm', 'inline_mm.datasets', 'inline_mm.engine'],
+                      allow_failed_imports=False)
 
 data_root = 'data/ade_toy/'
 dataset_type = 'ADEToyDataset'  # ADE20KDataset with the toy classes (inline_mm.datasets)

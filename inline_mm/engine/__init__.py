@@ -1,0 +1,13 @@
+"""Training-side extensions for mmengine's Runner.
+
+Importing this package registers the plugin's hooks, optimiser wrappers and
+model wrappers into mmengine's registries.  Configs that use them name it in
+``custom_imports`` (``imports=['inline_mm', 'inline_mm.engine']``); a plain
+``import inline_mm`` does not import it.
+"""
+from .dist import AnyDeviceDistributedDataParallel
+from .hooks import MeanLossLoggerHook, RNGStateHook
+from .optim_wrappers import CPUAutocastOptimWrapper
+
+__all__ = ['AnyDeviceDistributedDataParallel', 'MeanLossLoggerHook', 'RNGStateHook',
+           'CPUAutocastOptimWrapper']
