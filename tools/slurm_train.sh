@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Training on a Slurm cluster:
 #   GPUS=16 bash tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR [train.py args]
-# GPUS (total, default 8), GPUS_PER_NODE (8), CPUS_PER_TASK (5), SRUN_ARGS ('').
-set -euo pipefail
+# GPUS (total, default 8), GPUS_PER_NODE (8), CPUS_PER_TASK (5), SRUN_ARGS (''),
+# MAX_RESTARTS (10).
+#
+# Preemption (docs/reliability.md): the job asks Slurm for SIGUSR1 two minutes before its time
+# limit (--signal=USR1@120); on SIGUSR1 or SIGTERM every process finishes its iteration, rank 0
+# writes a checkpoint and all exit with status 75.  --resume is always passed, so a new start
+# continues from the newest readable checkpoint of WORK_DIR (or from scratch if there is none).
+# On status 75 the script requeues the job when it runs inside an sbatch allocation
+# (scontrol requeue $SLURM_JOB_ID; submit with --requeue), and otherwise starts srun again,
+# at most MAX_RESTARTS times.
+set -uo pipefail
 if [[ $# -lt 4 ]]; then
   echo "usage: $0 PARTITION JOB_NAME CONFIG WORK_DIR [tools/train.py arguments]" >&2
   exit 2
@@ -16,10 +25,31 @@ GPUS=${GPUS:-8}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 CPUS_PER_TASK=${CPUS_PER_TASK:-5}
 SRUN_ARGS=${SRUN_ARGS:-""}
+MAX_RESTARTS=${MAX_RESTARTS:-10}
+PREEMPTED=75  # inline_mm.engine.PREEMPTED_EXIT_CODE
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON=${PYTHON:-$( [[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python )}
-PYTHONPATH="$ROOT:${PYTHONPATH:-}" \
-srun -p "$PARTITION" --job-name="$JOB_NAME" --gres=gpu:"$GPUS_PER_NODE" \
-    --ntasks="$GPUS" --ntasks-per-node="$GPUS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK" \
-    --kill-on-bad-exit=1 ${SRUN_ARGS} \
-    "$PYTHON" -u "$ROOT/tools/train.py" "$CONFIG" --work-dir="$WORK_DIR" --launcher slurm "$@"
+RESUME=(--resume)
+for arg in "$@"; do [[ "$arg" == --resume* ]] && RESUME=(); done
+restarts=0
+while true; do
+  PYTHONPATH="$ROOT:${PYTHONPATH:-}" \
+  srun -p "$PARTITION" --job-name="$JOB_NAME" --gres=gpu:"$GPUS_PER_NODE" \
+      --ntasks="$GPUS" --ntasks-per-node="$GPUS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK" \
+      --kill-on-bad-exit=1 --signal=USR1@120 ${SRUN_ARGS} \
+      "$PYTHON" -u "$ROOT/tools/train.py" "$CONFIG" --work-dir="$WORK_DIR" --launcher slurm \
+      "$@" ${RESUME[@]+"${RESUME[@]}"}
+  status=$?
+  [[ $status -eq $PREEMPTED ]] || exit $status
+  if [[ -n "${SLURM_JOB_ID:-}" ]]; then
+    echo "preempted: checkpoint written, requeueing job $SLURM_JOB_ID" >&2
+    scontrol requeue "$SLURM_JOB_ID"
+    exit $status
+  fi
+  restarts=$((restarts + 1))
+  if [[ $restarts -gt $MAX_RESTARTS ]]; then
+    echo "preempted $restarts times, giving up (MAX_RESTARTS=$MAX_RESTARTS)" >&2
+    exit $status
+  fi
+  echo "preempted: checkpoint written, starting again with --resume ($restarts/$MAX_RESTARTS)" >&2
+done

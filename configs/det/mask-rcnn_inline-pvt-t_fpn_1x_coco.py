@@ -4,8 +4,12 @@
 # no weight decay on position tables and norms.
 # Weights: the authors' ImageNet-1K InLine-PVT-T checkpoint (see configs/det/README.md),
 # saved as checkpoints/inline_pvt_t.pth; loaded as is through init_cfg.
-_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
-custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+_base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py',
+          '../_base_/runtime/inline_mm_runtime.py']
+custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
+                      allow_failed_imports=False)
+# atomic checkpoints, resume from the newest readable one (docs/reliability.md)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
 
 checkpoint = 'checkpoints/inline_pvt_t.pth'
 model = dict(

@@ -1,8 +1,12 @@
 # Mask R-CNN + FPN, InLine-Swin-T, 1x, COCO: mmdet's Swin-T 1x recipe (AdamW 1e-4,
 # weight decay 0.05, no decay on relative position tables and norms) with the
 # backbone swapped.  Weights: checkpoints/inline_swin_t.pth (authors' ImageNet-1K).
-_base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
-custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py',
+          '../_base_/runtime/inline_mm_runtime.py']
+custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
+                      allow_failed_imports=False)
+# atomic checkpoints, resume from the newest readable one (docs/reliability.md)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
 
 checkpoint = 'checkpoints/inline_swin_t.pth'
 model = dict(

@@ -1,7 +1,11 @@
 # Mask R-CNN + FPN, InLine-Swin-T, 3x (36 epochs) with multi-scale training and
 # random crops: mmdet's Swin-T 3x recipe with the backbone swapped.
-_base_ = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py'
-custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+_base_ = ['mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_ms-crop-3x_coco.py',
+          '../_base_/runtime/inline_mm_runtime.py']
+custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
+                      allow_failed_imports=False)
+# atomic checkpoints, resume from the newest readable one (docs/reliability.md)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
 
 checkpoint = 'checkpoints/inline_swin_t.pth'
 model = dict(

@@ -2,8 +2,10 @@
 # mmseg's Semantic FPN recipe with the PVT paper's schedule (AdamW 1e-4, weight
 # decay 1e-4, poly decay power 0.9, 80k iterations), no weight decay on position
 # tables and norms.  Weights: checkpoints/inline_pvt_t.pth (authors' ImageNet-1K).
-_base_ = 'mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py'
-custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+_base_ = ['mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py',
+          '../_base_/runtime/inline_mm_runtime.py']
+custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
+                      allow_failed_imports=False)
 
 checkpoint = 'checkpoints/inline_pvt_t.pth'
 model = dict(
@@ -16,7 +18,7 @@ model = dict(
 
 max_iters = 80000
 train_cfg = dict(max_iters=max_iters, val_interval=8000)
-default_hooks = dict(checkpoint=dict(interval=8000))
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', interval=8000))
 optim_wrapper = dict(
     _delete_=True, type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=1e-4),
@@ -26,3 +28,5 @@ optim_wrapper = dict(
 param_scheduler = [
     dict(type='PolyLR', eta_min=0.0, power=0.9, begin=0, end=max_iters, by_epoch=False)
 ]
+# the total batch size the learning rate is set for (tools/train.py --auto-scale-lr)
+auto_scale_lr = dict(enable=False, base_batch_size=16)

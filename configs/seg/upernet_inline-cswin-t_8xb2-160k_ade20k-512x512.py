@@ -1,7 +1,11 @@
 # UperNet, InLine-CSwin-T, ADE20K 512x512, 160k: the Swin UperNet recipe with the
 # backbone swapped.  Weights: checkpoints/inline_cswin_t.pth (authors' ImageNet-1K).
-_base_ = 'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'
-custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+          '../_base_/runtime/inline_mm_runtime.py']
+custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
+                      allow_failed_imports=False)
+# atomic checkpoints, resume from the newest readable one (docs/reliability.md)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
 
 checkpoint = 'checkpoints/inline_cswin_t.pth'
 model = dict(
@@ -12,3 +16,5 @@ model = dict(
         init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
     decode_head=dict(in_channels=[64, 128, 256, 512]),
     auxiliary_head=dict(in_channels=256))
+# the total batch size the learning rate is set for (tools/train.py --auto-scale-lr)
+auto_scale_lr = dict(enable=False, base_batch_size=16)

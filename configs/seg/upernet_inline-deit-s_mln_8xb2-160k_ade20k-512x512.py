@@ -3,8 +3,12 @@
 # strides 4/8/16/32), AdamW 6e-5, no decay on pos_embed / cls_token / norms.
 # Weights: checkpoints/inline_deit_s.pth (authors' ImageNet-1K, trained at 288;
 # the position table is resized to the 32x32 grid of a 512 crop at run time).
-_base_ = 'mmseg::vit/vit_deit-s16_mln_upernet_8xb2-160k_ade20k-512x512.py'
-custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+_base_ = ['mmseg::vit/vit_deit-s16_mln_upernet_8xb2-160k_ade20k-512x512.py',
+          '../_base_/runtime/inline_mm_runtime.py']
+custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
+                      allow_failed_imports=False)
+# atomic checkpoints, resume from the newest readable one (docs/reliability.md)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
 
 checkpoint = 'checkpoints/inline_deit_s.pth'
 model = dict(
@@ -16,3 +20,5 @@ model = dict(
     neck=dict(in_channels=[320, 320, 320, 320], out_channels=320),
     decode_head=dict(in_channels=[320, 320, 320, 320]),
     auxiliary_head=dict(in_channels=320))
+# the total batch size the learning rate is set for (tools/train.py --auto-scale-lr)
+auto_scale_lr = dict(enable=False, base_batch_size=16)

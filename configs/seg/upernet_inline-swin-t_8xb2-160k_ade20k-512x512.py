@@ -2,8 +2,12 @@
 # mmseg's Swin-T UperNet recipe (AdamW 6e-5, weight decay 0.01, warm-up then
 # linear decay; no decay on relative position tables and norms) with the
 # backbone swapped.  Weights: checkpoints/inline_swin_t.pth (authors' ImageNet-1K).
-_base_ = 'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'
-custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)
+_base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py',
+          '../_base_/runtime/inline_mm_runtime.py']
+custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
+                      allow_failed_imports=False)
+# atomic checkpoints, resume from the newest readable one (docs/reliability.md)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
 
 checkpoint = 'checkpoints/inline_swin_t.pth'
 model = dict(
@@ -14,3 +18,5 @@ model = dict(
         init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
     decode_head=dict(in_channels=[96, 192, 384, 768]),
     auxiliary_head=dict(in_channels=384))
+# the total batch size the learning rate is set for (tools/train.py --auto-scale-lr)
+auto_scale_lr = dict(enable=False, base_batch_size=16)

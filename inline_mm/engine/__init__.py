@@ -6,8 +6,13 @@ model wrappers into mmengine's registries.  Configs that use them name it in
 ``import inline_mm`` does not import it.
 """
 from .dist import AnyDeviceDistributedDataParallel
-from .hooks import MeanLossLoggerHook, RNGStateHook
+from .fault_tolerance import (PREEMPTED_EXIT_CODE, AtomicLocalBackend, BadSampleLimitError,
+                              CheckpointWriteError, SkipBadSamples)
+from .hooks import (AtomicCheckpointHook, MeanLossLoggerHook, NonFiniteLossError,
+                    NonFiniteLossHook, PreemptionHook, RNGStateHook)
 from .optim_wrappers import CPUAutocastOptimWrapper
 
 __all__ = ['AnyDeviceDistributedDataParallel', 'MeanLossLoggerHook', 'RNGStateHook',
-           'CPUAutocastOptimWrapper']
+           'CPUAutocastOptimWrapper', 'AtomicCheckpointHook', 'PreemptionHook',
+           'NonFiniteLossHook', 'NonFiniteLossError', 'SkipBadSamples', 'AtomicLocalBackend',
+           'BadSampleLimitError', 'CheckpointWriteError', 'PREEMPTED_EXIT_CODE']

@@ -1,86 +1,491 @@
-"""mmengine hooks for multi-process logging and exact resumption.
+"""mmengine hooks for multi-process logging, exact resumption and fault tolerance.
 
 * :class:`MeanLossLoggerHook`: with several processes, mmengine logs the losses
   of rank 0's part of the batch only.  This hook replaces the logged
-  ``train/*loss*`` values by their mean over all processes (what mmdet 2.x
-  logged), so a run on N processes logs the loss of the whole batch.
-* :class:`RNGStateHook`: stores the torch / numpy / python random states in each
-  checkpoint and restores them when a run resumes, so a resumed run draws the
-  same samples (RPN / RoI sampling, drop path) as an uninterrupted one.
+  ``*loss*`` values by their mean over all processes (what mmdet 2.x logged),
+  so a run on N processes logs the loss of the whole batch.
+* :class:`RNGStateHook`: stores every process's torch / numpy / python random
+  states in each checkpoint and restores them on resume right before the first
+  batch after the checkpoint is drawn, so a resumed run draws the same
+  augmentations and samples as an uninterrupted one.
+* :class:`AtomicCheckpointHook`: ``CheckpointHook`` whose files and
+  ``last_checkpoint`` pointer are written atomically, which deletes old
+  checkpoints only after the new one is in place, and which makes ``--resume``
+  take the newest *readable* checkpoint.
+* :class:`PreemptionHook`: SIGTERM / SIGUSR1 stop every process after the
+  current iteration, with a checkpoint, and exit status
+  :data:`~inline_mm.engine.fault_tolerance.PREEMPTED_EXIT_CODE` (75).
+* :class:`NonFiniteLossHook`: a NaN / Inf loss or gradient skips the optimizer
+  step; several in a row stop the run.
 """
+import os.path as osp
 import random
-from typing import Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from mmengine.hooks import Hook
+from mmengine.dist import all_gather_object, all_reduce, broadcast_object_list, \
+    get_rank, get_world_size, is_main_process
+from mmengine.hooks import CheckpointHook, Hook
+from mmengine.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from mmengine.registry import HOOKS
+
+from .fault_tolerance import (ATOMIC_BACKEND, PREEMPTED_EXIT_CODE, CheckpointWriteError,
+                              PreemptionFlag, atomic_write, fault_injection,
+                              newest_readable_checkpoint, remove_stale_temp_files)
+
+
+def _agree(flag: bool) -> bool:
+    """True on every process when ``flag`` is True on any (one all-reduce)."""
+    if get_world_size() == 1:
+        return flag
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    all_reduce(value, op='max')  # mmengine.dist moves it to the backend's device
+    return bool(value.item())
 
 
 @HOOKS.register_module()
 class MeanLossLoggerHook(Hook):
-    """Average the logged losses of this iteration over all processes."""
+    """Average the logged losses of this iteration over all processes.
 
-    # after RuntimeInfoHook (VERY_HIGH) wrote the losses, before LoggerHook (BELOW_NORMAL)
-    priority = 'NORMAL'
+    Runs before mmengine's ``RuntimeInfoHook`` and replaces the loss values of
+    the iteration's outputs by their mean, so the message hub (and every
+    logger reading it) gets the averages through its public API.
+    """
+
+    # before RuntimeInfoHook (VERY_HIGH) writes the outputs into the message hub
+    priority = 'HIGHEST'
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        if not (dist.is_available() and dist.is_initialized()) or not outputs:
+        if get_world_size() == 1 or not outputs:
             return
         keys = sorted(k for k in outputs if 'loss' in k)
         if not keys:
             return
         values = torch.tensor([float(outputs[k]) for k in keys], dtype=torch.float64)
-        dist.all_reduce(values)
-        values /= dist.get_world_size()
-        hub = runner.message_hub
+        all_reduce(values, op='mean')
         for key, value in zip(keys, values.tolist()):
-            buffer = hub.log_scalars.get(f'train/{key}')
-            if buffer is not None and len(buffer._log_history):
-                buffer._log_history[-1] = value
+            outputs[key] = value
+
+
+def _capture_rng() -> Dict[str, Any]:
+    """This process's random states, as tensors and numbers (``weights_only`` loadable)."""
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state: Dict[str, Any] = dict(
+        torch=torch.get_rng_state(), python=list(py[1]), python_version=py[0],
+        python_gauss=py[2] or 0.0,
+        numpy_keys=torch.from_numpy(np_state[1].astype(np.int64)),
+        numpy_pos=int(np_state[2]), numpy_has_gauss=int(np_state[3]),
+        numpy_gauss=float(np_state[4]))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _restore_rng(state: Dict[str, Any]) -> None:
+    torch.set_rng_state(state['torch'])
+    random.setstate((state['python_version'], tuple(state['python']),
+                     state['python_gauss'] or None))
+    np.random.set_state(('MT19937', state['numpy_keys'].numpy().astype(np.uint32),
+                         state['numpy_pos'], state['numpy_has_gauss'], state['numpy_gauss']))
+    if 'cuda' in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state['cuda'])
+
+
+class _RestoreBeforeFetch:
+    """Iterator proxy: restores random states right before the ``skip + 1``-th batch.
+
+    mmengine's ``IterBasedTrainLoop`` replays the ``skip`` batches trained
+    before the checkpoint (which draws random augmentations in the main
+    process when ``num_workers=0``) and then fetches the first new batch
+    before any hook runs; the states must be back in place exactly between
+    the two.
+    """
+
+    def __init__(self, iterator: Any, skip: int, restore: Callable[[], None]) -> None:
+        self._iterator = iterator
+        self._skip = skip
+        self._restore: Optional[Callable[[], None]] = restore
+        self._count = 0
+
+    def __iter__(self) -> '_RestoreBeforeFetch':
+        return self
+
+    def __next__(self) -> Any:
+        if self._count == self._skip and self._restore is not None:
+            self._restore()
+            self._restore = None
+        self._count += 1
+        return next(self._iterator)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith('_'):
+            raise AttributeError(name)
+        return getattr(self._iterator, name)
 
 
 @HOOKS.register_module()
 class RNGStateHook(Hook):
-    """Save the random states in checkpoints and restore them on resume.
+    """Save every process's random states in checkpoints and restore them on resume.
 
-    The states are restored before the first training iteration after the
-    checkpoint is loaded.  Random data augmentation of the first resumed batch
-    runs before that point, so exact equality with an uninterrupted run needs a
-    pipeline without random transforms (or ``num_workers > 0`` workers, which
-    seed themselves per iteration).
+    With :class:`AtomicCheckpointHook`, the states of all processes are
+    gathered before each save (rank ``r`` resumes with its own); with plain
+    ``CheckpointHook`` only rank 0's are saved.  On resume the states are
+    restored right before the first new batch is drawn (after mmengine's
+    replay of the batches already trained), so random augmentation in the
+    main process (``num_workers=0``) matches an uninterrupted run; data-loader
+    workers are seeded from the run's seed and replay the same batches, so
+    their augmentations match as well.
     """
 
     priority = 'VERY_HIGH'
 
     def __init__(self) -> None:
-        self._pending: Optional[dict] = None
+        self._pending: Optional[Dict[str, Any]] = None
+        self._gathered: Optional[List[Dict[str, Any]]] = None
+
+    def gather(self) -> None:
+        """Collect the states of every process; call on all processes before a save."""
+        state = _capture_rng()
+        self._gathered = all_gather_object(state) if get_world_size() > 1 else [state]
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        state = dict(torch=torch.get_rng_state(), python=list(random.getstate()[1]),
-                     python_version=random.getstate()[0],
-                     python_gauss=random.getstate()[2] or 0.0)
-        np_state = np.random.get_state()
-        state.update(numpy_keys=torch.from_numpy(np_state[1].astype(np.int64)),
-                     numpy_pos=int(np_state[2]), numpy_has_gauss=int(np_state[3]),
-                     numpy_gauss=float(np_state[4]))
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state['cuda'] = torch.cuda.get_rng_state_all()
-        checkpoint['rng_state'] = state
+        states, self._gathered = self._gathered, None
+        checkpoint['rng_states'] = states if states is not None else [_capture_rng()]
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        self._pending = checkpoint.get('rng_state')
+        states = checkpoint.get('rng_states')
+        if states is None and 'rng_state' in checkpoint:  # written by an older version
+            states = [checkpoint['rng_state']]
+        if not states:
+            return
+        rank = get_rank()
+        if len(states) != get_world_size():
+            runner.logger.warning(
+                f'the checkpoint holds the random states of {len(states)} process(es), this '
+                f'run has {get_world_size()}: every process restores rank 0\'s states, so '
+                f'random draws will not repeat those of the interrupted run exactly')
+            rank = 0
+        self._pending = states[rank]
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+    def before_train(self, runner) -> None:
         state, self._pending = self._pending, None
         if state is None:
             return
-        torch.set_rng_state(state['torch'])
-        random.setstate((state['python_version'], tuple(state['python']),
-                         state['python_gauss'] or None))
-        np.random.set_state(('MT19937', state['numpy_keys'].numpy().astype(np.uint32),
-                             state['numpy_pos'], state['numpy_has_gauss'],
-                             state['numpy_gauss']))
-        if 'cuda' in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state['cuda'])
+        loop = runner.train_loop
+        if hasattr(loop, 'dataloader_iterator'):  # IterBasedTrainLoop
+            loop.dataloader_iterator = _RestoreBeforeFetch(
+                loop.dataloader_iterator, loop.iter, lambda: _restore_rng(state))
+        else:  # an epoch-based loop restarts its epoch: restore now
+            _restore_rng(state)
+
+
+@HOOKS.register_module()
+class AtomicCheckpointHook(CheckpointHook):
+    """``CheckpointHook`` that never leaves a torn checkpoint or a dangling pointer.
+
+    * every checkpoint file and the ``last_checkpoint`` pointer are written to
+      a temp file in the same folder, fsynced and renamed into place (see
+      :func:`~inline_mm.engine.fault_tolerance.atomic_write`);
+    * with ``max_keep_ckpts``, the oldest checkpoint is deleted only after the
+      new one and the pointer are in place;
+    * a write that fails (read-only folder, full disk) stops the run with a
+      :class:`~inline_mm.engine.fault_tolerance.CheckpointWriteError` naming the
+      path; the previous checkpoint and the pointer are untouched;
+    * with ``resume=True`` and no checkpoint named (``--resume`` alone), it
+      picks the newest checkpoint of the work dir that passes an integrity
+      check, logging each newer unreadable one, before the Runner resumes.
+
+    Arguments are those of mmengine's ``CheckpointHook``.  Saves go through
+    the atomic local backend unless ``backend_args`` / ``file_client_args``
+    name another storage.
+    """
+
+    def before_run(self, runner) -> None:
+        if not (runner._resume and runner._load_from is None):
+            return
+        choice: List[Optional[str]] = [None]
+        if is_main_process():
+            folder = runner.work_dir
+            removed = remove_stale_temp_files(folder)
+            if removed:
+                runner.logger.warning(f'removed temp files of interrupted writes in {folder}: '
+                                      f'{", ".join(removed)}')
+            choice[0] = newest_readable_checkpoint(folder, self.filename_tmpl, runner.logger)
+            if choice[0] is None:
+                runner.logger.warning(f'--resume: no readable checkpoint in {folder}; '
+                                      f'training starts from the beginning')
+            else:
+                runner.logger.info(f'--resume: resuming from {choice[0]}')
+        if get_world_size() > 1:
+            broadcast_object_list(choice)
+        if choice[0] is not None:
+            runner._load_from = choice[0]  # Runner.load_or_resume runs after before_run
+        else:
+            runner._resume = False
+
+    def before_train(self, runner) -> None:
+        if self.backend_args is None and self.file_client_args is None:
+            out_dir = self.out_dir if self.out_dir is not None else runner.work_dir
+            if '://' not in str(out_dir):
+                self.backend_args = dict(backend=ATOMIC_BACKEND)
+        super().before_train(runner)
+
+    def save_now(self, runner, meta: Optional[dict] = None) -> str:
+        """Save a checkpoint of the current iteration now (unless one was just written).
+
+        Returns the path of the checkpoint of this iteration.  Called on every
+        process (ranks > 0 take part in gathering the random states).
+        """
+        if self.by_epoch:  # mid-epoch: say the epoch is not finished
+            name = f'preempt_iter_{runner.iter + 1}.pth'
+            path = self.file_backend.join_path(self.out_dir, name)
+            if runner.message_hub.get_info('last_ckpt') != path:
+                self._write(runner, name, dict(epoch=runner.epoch, iter=runner.iter + 1),
+                            remove=[])
+                runner.message_hub.update_info('last_ckpt', path)
+            return path
+        step = runner.iter + 1
+        path = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(step))
+        if runner.message_hub.get_info('last_ckpt') != path:
+            self._save_checkpoint_with_step(runner, step, dict(epoch=runner.epoch, iter=step))
+        return path
+
+    def _save_checkpoint_with_step(self, runner, step: int, meta: dict) -> None:
+        remove: List[int] = []
+        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids and
+                                            self.keep_ckpt_ids[-1] == step):
+            if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
+                remove.append(self.keep_ckpt_ids.popleft())  # deleted after the save
+            self.keep_ckpt_ids.append(step)
+            runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
+        ckpt_filename = self.filename_tmpl.format(step)
+        self.last_ckpt = self.file_backend.join_path(self.out_dir, ckpt_filename)
+        runner.message_hub.update_info('last_ckpt', self.last_ckpt)
+        self._write(runner, ckpt_filename, meta,
+                    [self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(s))
+                     for s in remove])
+
+    def _write(self, runner, filename: str, meta: dict, remove: List[str]) -> None:
+        """Write a checkpoint and the pointer (rank 0), agree on success, then delete ``remove``."""
+        for hook in runner.hooks:
+            if isinstance(hook, RNGStateHook):
+                hook.gather()
+        path = self.file_backend.join_path(self.out_dir, filename)
+        error: Optional[BaseException] = None
+        if is_main_process():
+            try:
+                runner.save_checkpoint(
+                    self.out_dir, filename, self.file_client_args,
+                    save_optimizer=self.save_optimizer,
+                    save_param_scheduler=self.save_param_scheduler, meta=meta,
+                    by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
+                atomic_write(path, osp.join(runner.work_dir, 'last_checkpoint'))
+            except OSError as err:
+                error = err
+        if _agree(error is not None):
+            previous = [p for p in self._previous_checkpoints(runner, path)]
+            where = getattr(error, 'filename', None) or path
+            reason = getattr(error, 'strerror', None) or str(error) if error else \
+                'the process of rank 0 could not write it'
+            raise CheckpointWriteError(
+                f'cannot write checkpoint {where}: {reason}. Nothing was overwritten: '
+                f'{"the previous checkpoint " + previous[0] + " and " if previous else ""}'
+                f'{osp.join(runner.work_dir, "last_checkpoint")} are intact; free space or '
+                f'make the work dir writable, then resume with --resume') from error
+        if is_main_process():
+            for old in remove:
+                if old == path:
+                    continue
+                if self.file_backend.isfile(old):
+                    self.file_backend.remove(old)
+                elif self.file_backend.isdir(old):  # deepspeed checkpoints are folders
+                    self.file_backend.rmtree(old)
+
+    @staticmethod
+    def _previous_checkpoints(runner, failed: str) -> List[str]:
+        pointer = osp.join(runner.work_dir, 'last_checkpoint')
+        if osp.isfile(pointer):
+            with open(pointer) as f:
+                named = f.read().strip()
+            if named and named != failed and osp.isfile(named):
+                return [named]
+        return []
+
+
+def _checkpoint_hook(runner) -> Optional[CheckpointHook]:
+    for hook in runner.hooks:
+        if isinstance(hook, CheckpointHook):
+            return hook
+    return None
+
+
+@HOOKS.register_module()
+class PreemptionHook(Hook):
+    """Stop cleanly on SIGTERM / SIGUSR1: checkpoint, then exit with status 75.
+
+    The signal handlers only set a flag.  After each training iteration the
+    flag is agreed on by all processes (one all-reduce of an int), so a signal
+    received by any process stops every process after the same iteration;
+    then a checkpoint of that iteration is written (rank 0, atomically, through
+    :class:`AtomicCheckpointHook`) and every process raises
+    ``SystemExit(PREEMPTED_EXIT_CODE)``, which works under any training tool.
+    Slurm's ``--signal=USR1@120`` leaves two minutes for this.
+
+    Args:
+        signals: signal names to handle. Defaults to SIGTERM and SIGUSR1.
+        check_interval: agree on the flag every this many iterations.
+            Defaults to 1.
+    """
+
+    # after CheckpointHook (VERY_LOW), so a regular save of the same iteration comes first
+    priority = 'LOWEST'
+
+    def __init__(self, signals=('SIGTERM', 'SIGUSR1'), check_interval: int = 1) -> None:
+        self.flag = PreemptionFlag(signals)
+        self.check_interval = check_interval
+
+    def before_run(self, runner) -> None:
+        if not self.flag.install():
+            runner.logger.warning('PreemptionHook: not in the main thread, signals are not '
+                                  'handled')
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        if (runner.iter + 1) % self.check_interval and self.flag.received is None:
+            return
+        if not _agree(self.flag.received is not None):
+            return
+        hook = _checkpoint_hook(runner)
+        if isinstance(hook, AtomicCheckpointHook):
+            path = hook.save_now(runner)
+        elif hook is not None:
+            hook._save_checkpoint(runner)
+            path = runner.message_hub.get_info('last_ckpt')
+        else:
+            path = None
+        why = f'received {self.flag.name}' if self.flag.received else \
+            'another process received a stop signal'
+        runner.logger.warning(
+            f'preempted ({why}) after iteration {runner.iter + 1}: checkpoint {path} written; '
+            f'exiting with status {PREEMPTED_EXIT_CODE} (restart with --resume to continue)')
+        self.flag.uninstall()
+        raise SystemExit(PREEMPTED_EXIT_CODE)
+
+    def after_run(self, runner) -> None:
+        self.flag.uninstall()
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive iterations with a non-finite loss or gradient."""
+
+
+@HOOKS.register_module()
+class NonFiniteLossHook(Hook):
+    """Skip the optimizer step of an iteration whose loss or gradients are not finite.
+
+    Wraps ``update_params`` / ``step`` of the run's optim wrapper(s) on the
+    instance (whatever their class, e.g. ``CPUAutocastOptimWrapper``): when the
+    loss or any gradient is NaN / Inf, the step is skipped (the weights and
+    the optimizer state stay as they were), the gradients are cleared, and
+    the iteration is logged.  ``max_consecutive`` such iterations in a row
+    stop the run with :class:`NonFiniteLossError`, before any checkpoint of
+    the bad weights could be written.  Gradients are all-reduced before the
+    check, so every process takes the same decision.
+
+    With mmengine's ``AmpOptimWrapper`` the ``GradScaler`` already skips steps
+    with inf / NaN gradients (and lowers the loss scale); the hook then only
+    counts those skips and applies ``max_consecutive``.
+
+    Args:
+        max_consecutive: stop after this many non-finite iterations in a row.
+            Defaults to 5.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self, max_consecutive: int = 5) -> None:
+        self.max_consecutive = max_consecutive
+        self.consecutive = 0
+        self.total = 0
+        self._first_bad: Optional[int] = None
+        self._runner = None
+
+    def before_train(self, runner) -> None:
+        self._runner = runner
+        wrappers = runner.optim_wrapper.optim_wrappers.values() \
+            if isinstance(runner.optim_wrapper, OptimWrapperDict) else [runner.optim_wrapper]
+        for wrapper in wrappers:
+            if isinstance(wrapper, OptimWrapper) and not getattr(wrapper, '_inline_mm_guarded',
+                                                                 False):
+                self._guard(wrapper)
+
+    def _guard(self, wrapper: OptimWrapper) -> None:
+        update_params, step = wrapper.update_params, wrapper.step
+        amp = isinstance(wrapper, AmpOptimWrapper)
+        state = dict(bad=False)
+
+        def guarded_update_params(loss: torch.Tensor, step_kwargs=None, zero_kwargs=None):
+            loss = self._inject(loss)
+            state['bad'] = state['bad'] or not bool(torch.isfinite(loss.detach()).all())
+            if amp:  # GradScaler skips inf steps itself; only count them
+                scale = wrapper.loss_scaler.get_scale()
+                update_params(loss, step_kwargs, zero_kwargs)
+                if wrapper.should_update():
+                    self._count(wrapper.loss_scaler.get_scale() < scale)
+                    state['bad'] = False
+                return None
+            return update_params(loss, step_kwargs, zero_kwargs)
+
+        def guarded_step(**kwargs):
+            bad = state['bad'] or not _grads_finite(wrapper)
+            state['bad'] = False
+            if self._count(bad):
+                return None  # skipped; update_params clears the gradients next
+            return step(**kwargs)
+
+        wrapper.update_params = guarded_update_params
+        if not amp:
+            wrapper.step = guarded_step
+        wrapper._inline_mm_guarded = True
+
+    def _inject(self, loss: torch.Tensor) -> torch.Tensor:
+        """Test-only: a NaN loss at the iterations named in the fault injection settings."""
+        spec = fault_injection().get('nan_loss')
+        if spec and self._runner is not None and \
+                self._runner.iter in {int(i) for i in spec.split(',')}:
+            return loss * float('nan')
+        return loss
+
+    def _count(self, bad: bool) -> bool:
+        runner = self._runner
+        it = runner.iter + 1 if runner is not None else -1
+        if not bad:
+            self.consecutive, self._first_bad = 0, None
+            return False
+        self.consecutive += 1
+        self.total += 1
+        self._first_bad = self._first_bad or it
+        if runner is not None:
+            runner.logger.warning(
+                f'non-finite loss or gradient at iteration {it}: optimizer step skipped '
+                f'({self.consecutive} in a row, {self.total} in all)')
+            runner.message_hub.update_info('nonfinite_steps_skipped', self.total)
+        if self.consecutive >= self.max_consecutive:
+            last = runner.message_hub.get_info('last_ckpt') if runner is not None else None
+            raise NonFiniteLossError(
+                f'the loss or the gradients were not finite in {self.consecutive} iterations '
+                f'in a row ({self._first_bad}-{it}; max_consecutive={self.max_consecutive}): '
+                f'training stopped. The weights are those before iteration {self._first_bad} '
+                f'and the last checkpoint ({last or "none written"}) is untouched. Lower the '
+                f'learning rate, add gradient clipping or check the data, then resume.')
+        return True
+
+
+def _grads_finite(wrapper: OptimWrapper) -> bool:
+    grads = [p.grad for group in wrapper.optimizer.param_groups for p in group['params']
+             if p.grad is not None]
+    if not grads:
+        return True
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
+    return bool(torch.isfinite(norm))

@@ -60,7 +60,9 @@ test_pipeline = [
 train_dataloader = dict(
     batch_size=4, num_workers=0, persistent_workers=False,
     sampler=dict(type='InfiniteSampler', shuffle=True),
-    dataset=dict(data_root=data_root, metainfo=metainfo,
+    # bad images / annotations are skipped and logged (inline_mm.engine.SkipBadSamples)
+    dataset=dict(type='SkipBadSamples', dataset_type='CocoDataset', max_bad_fraction=0.01,
+                 data_root=data_root, metainfo=metainfo,
                  ann_file='annotations/instances_train.json',
                  data_prefix=dict(img='train/'), pipeline=train_pipeline))
 val_dataloader = dict(
@@ -85,11 +87,13 @@ param_scheduler = [
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=val_interval,
+    checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=val_interval,
                     max_keep_ckpts=2))
 log_processor = dict(by_epoch=False)
 randomness = dict(seed=0)
 env_cfg = dict(dist_cfg=dict(backend='gloo'))
 auto_scale_lr = dict(enable=False, base_batch_size=4)
-# losses logged as the mean over all processes; random states saved for exact resume
-custom_hooks = [dict(type='MeanLossLoggerHook'), dict(type='RNGStateHook')]
+# losses logged as the mean over all processes; random states saved for exact resume;
+# SIGTERM / SIGUSR1 checkpoint and exit 75; NaN / Inf steps skipped (docs/reliability.md)
+custom_hooks = [dict(type='MeanLossLoggerHook'), dict(type='RNGStateHook'),
+                dict(type='PreemptionHook'), dict(type='NonFiniteLossHook', max_consecutive=5)]

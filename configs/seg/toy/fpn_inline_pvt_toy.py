@@ -74,9 +74,12 @@ param_scheduler = [
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10, log_metric_by_epoch=False),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=val_interval,
+    checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=val_interval,
                     max_keep_ckpts=2))
 randomness = dict(seed=0)
 env_cfg = dict(dist_cfg=dict(backend='gloo'))
 # losses logged as the mean over all processes; random states saved for exact resume
-custom_hooks = [dict(type='MeanLossLoggerHook'), dict(type='RNGStateHook')]
+custom_hooks = [dict(type='MeanLossLoggerHook'), dict(type='RNGStateHook'),
+                dict(type='PreemptionHook'), dict(type='NonFiniteLossHook', max_consecutive=5)]
+# the total batch size the learning rate is set for (tools/train.py --auto-scale-lr)
+auto_scale_lr = dict(enable=False, base_batch_size=8)

@@ -1,0 +1,557 @@
+"""Mechanisms that let a training run survive a cluster: atomic checkpoint files,
+readable-checkpoint selection on resume, preemption signals, bad samples.
+
+The hooks that use them live in :mod:`inline_mm.engine.hooks`; this module
+holds the parts that do not depend on a Runner:
+
+* :func:`atomic_write`: write a file through a temp file in the same folder,
+  flushed, fsynced and renamed into place (the folder fsynced too), so a
+  reader never sees a partly written file;
+* :class:`AtomicLocalBackend`: mmengine's local file backend with ``put``
+  going through :func:`atomic_write`; registered as the file backend
+  ``'inline_mm_atomic_local'`` (what :class:`~inline_mm.engine.hooks.AtomicCheckpointHook`
+  saves through);
+* :func:`checkpoint_problem` / :func:`newest_readable_checkpoint`: a cheap
+  integrity check (every zip member's CRC) and the choice of what to resume from;
+* :class:`PreemptionFlag`: SIGTERM / SIGUSR1 handlers that only set a flag;
+* :class:`SkipBadSamples`: a dataset wrapper that skips unreadable images and
+  degenerate annotations, logs each file once, and stops the run past a limit.
+
+Fault injection for the tests: the environment variable
+``INLINE_MM_FAULT_INJECTION`` (``key=value`` pairs separated by ``;``) is read
+only by the tests' runs; unset, nothing here changes behaviour.  Keys:
+``slow_write=SECONDS:N`` (from the N-th checkpoint write of the process on, a
+write takes this long),
+``write_error=ERRNO_NAME:N`` (the N-th checkpoint write of the process, and every
+later one, fails with that errno, e.g. ``ENOSPC:2``), ``nan_loss=I,J`` (the loss
+of these 0-based iterations becomes NaN, see
+:class:`~inline_mm.engine.hooks.NonFiniteLossHook`).
+"""
+import errno
+import fcntl
+import logging
+import math
+import os
+import os.path as osp
+import re
+import signal
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from mmengine.fileio import LocalBackend, register_backend
+from mmengine.logging import print_log
+from mmengine.registry import DATASETS
+
+#: exit status of a run stopped by SIGTERM / SIGUSR1 after writing its checkpoint
+#: (``EX_TEMPFAIL`` of sysexits.h: "temporary failure, retry later");
+#: ``tools/slurm_train.sh`` requeues the job on it
+PREEMPTED_EXIT_CODE = 75
+
+#: name of the atomic local file backend in mmengine's file backend registry
+ATOMIC_BACKEND = 'inline_mm_atomic_local'
+
+FAULT_ENV = 'INLINE_MM_FAULT_INJECTION'
+_writes = 0  # checkpoint files written by this process (for ``write_error``)
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint or the ``last_checkpoint`` pointer could not be written."""
+
+
+class BadSampleLimitError(RuntimeError):
+    """More bad samples than a :class:`SkipBadSamples` wrapper allows."""
+
+
+def fault_injection() -> Dict[str, str]:
+    """The test-only fault injection settings (empty unless the tests set them)."""
+    spec = os.environ.get(FAULT_ENV, '')
+    return dict(item.split('=', 1) for item in spec.split(';') if '=' in item)
+
+
+def fsync_dir(folder: str) -> None:
+    """fsync a folder so a rename in it survives a power loss (no-op where unsupported)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on folders
+        pass
+    finally:
+        os.close(fd)
+
+
+def _injected_write_fault(path: str) -> Tuple[float, Optional[int]]:
+    """(seconds to spend writing, errno to fail with) for a checkpoint file in a test run."""
+    global _writes
+    faults = fault_injection()
+    if not faults or not path.endswith('.pth'):
+        return 0.0, None
+    _writes += 1
+    fail = None
+    if 'write_error' in faults:
+        name, _, nth = faults['write_error'].partition(':')
+        if _writes >= int(nth or 1):
+            fail = getattr(errno, name)
+    slow, _, nth = faults.get('slow_write', '0').partition(':')
+    return (float(slow) if _writes >= int(nth or 1) else 0.0), fail
+
+
+def atomic_write(data: Union[bytes, str], path: str) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is either the old file or the whole new one.
+
+    The data go to a temp file in the same folder, which is flushed, fsynced
+    and renamed over ``path``; the folder is fsynced after the rename.  On
+    failure the temp file is removed and ``path`` is untouched.
+
+    Raises:
+        OSError: the folder cannot be written (read-only, full disk ...); the
+            error carries ``path`` as its file name.
+    """
+    if isinstance(data, str):
+        data = data.encode('utf-8')
+    folder = osp.dirname(osp.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    slow, fail = _injected_write_fault(path)
+    fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            chunks = 20 if slow else 1
+            size = math.ceil(len(data) / chunks) or 1
+            for start in range(0, len(data), size):
+                f.write(data[start:start + size])
+                if slow:
+                    f.flush()
+                    time.sleep(slow / chunks)
+                if fail is not None:
+                    raise OSError(fail, os.strerror(fail), path)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        if isinstance(err, OSError) and err.filename is None:
+            raise OSError(err.errno, err.strerror, path) from err
+        raise
+    fsync_dir(folder)
+
+
+class AtomicLocalBackend(LocalBackend):
+    """mmengine's local file backend whose writes are atomic (see :func:`atomic_write`)."""
+
+    def put(self, obj: bytes, filepath: Union[str, Path]) -> None:
+        atomic_write(obj, str(filepath))
+
+    def put_text(self, obj: str, filepath: Union[str, Path], encoding: str = 'utf-8') -> None:
+        atomic_write(obj.encode(encoding), str(filepath))
+
+
+register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)
+
+
+def remove_stale_temp_files(folder: str) -> List[str]:
+    """Remove the temp files of writes that were killed (``.NAME.XXXX.tmp``)."""
+    removed = []
+    if not osp.isdir(folder):
+        return removed
+    for name in os.listdir(folder):
+        if name.startswith('.') and name.endswith('.tmp'):
+            try:
+                os.remove(osp.join(folder, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why ``path`` cannot be resumed from, or None when it is intact.
+
+    torch's zip checkpoints are checked member by member against their CRCs
+    (reads the file once, unpickles nothing); other files are loaded with the
+    project's safe loader.
+    """
+    if not osp.isfile(path):
+        return 'file not found'
+    if osp.getsize(path) == 0:
+        return 'empty file'
+    try:
+        with open(path, 'rb') as f:
+            magic = f.read(2)
+        if magic == b'PK' and not zipfile.is_zipfile(path):
+            return 'truncated (the zip archive has no central directory)'
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+            return None if bad is None else f'corrupt member {bad}'
+        from ..checkpoint import load_checkpoint_file
+        load_checkpoint_file(path)
+        return None
+    except Exception as err:  # any read failure means "do not resume from it"
+        return f'{type(err).__name__}: {err}'
+
+
+def _template_regex(filename_tmpl: str) -> 're.Pattern[str]':
+    head, _, tail = filename_tmpl.partition('{}')
+    return re.compile(re.escape(head) + r'(\d+)' + re.escape(tail) + '$')
+
+
+def newest_readable_checkpoint(folder: str, filename_tmpl: str = 'iter_{}.pth',
+                               logger: Any = None) -> Optional[str]:
+    """The newest intact checkpoint of ``folder`` (None when there is none).
+
+    Candidates are the file ``last_checkpoint`` names and every file that
+    matches ``filename_tmpl``; the newest (modification time, then step) that
+    passes :func:`checkpoint_problem` wins.  Each unreadable candidate newer
+    than the choice is reported on ``logger`` (a warning).
+    """
+    candidates: Dict[str, Tuple[float, int]] = {}
+    regex = _template_regex(filename_tmpl)
+    pointer = osp.join(folder, 'last_checkpoint')
+    named = None
+    if osp.isfile(pointer):
+        with open(pointer) as f:
+            named = f.read().strip() or None
+    if osp.isdir(folder):
+        for name in os.listdir(folder):
+            match = regex.match(name)
+            if match:
+                path = osp.join(folder, name)
+                candidates[path] = (osp.getmtime(path), int(match.group(1)))
+    if named and osp.isfile(named):
+        candidates.setdefault(named, (osp.getmtime(named), -1))
+    elif named:
+        _warn(logger, f'last_checkpoint names {named}, which does not exist')
+    for path in sorted(candidates, key=lambda p: candidates[p], reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        _warn(logger, f'checkpoint {path} is unreadable ({problem}); trying an older one')
+    return None
+
+
+def _warn(logger: Any, msg: str) -> None:
+    if logger is not None:
+        logger.warning(msg)
+    else:
+        print_log(msg, logger='current', level=logging.WARNING)
+
+
+class PreemptionFlag:
+    """Signal handlers that only record that a stop was asked for.
+
+    Installed in the training process only: a forked data-loader worker that
+    inherits them ignores the signal, so it keeps serving batches until the
+    training process has written its checkpoint and exits.
+    """
+
+    def __init__(self, signals: Sequence[str] = ('SIGTERM', 'SIGUSR1')) -> None:
+        self.signals = [getattr(signal, s) if isinstance(s, str) else s for s in signals]
+        self.received: Optional[int] = None
+        self._pid = os.getpid()
+        self._previous: Dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if os.getpid() == self._pid and self.received is None:
+            self.received = signum
+
+    def install(self) -> bool:
+        """Install the handlers; False outside the main thread (signals cannot be caught there)."""
+        self._pid = os.getpid()
+        try:
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handler)
+        except ValueError:
+            return False
+        return True
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            try:
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            except ValueError:
+                pass
+        self._previous.clear()
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ''
+
+
+def _degenerate_polygon(poly: Any) -> bool:
+    if not isinstance(poly, (list, tuple)) or len(poly) < 6 or len(poly) % 2:
+        return True
+    xs, ys = poly[0::2], poly[1::2]
+    area = 0.5 * abs(sum(xs[i] * ys[i - 1] - xs[i - 1] * ys[i] for i in range(len(xs))))
+    return area <= 0
+
+
+def annotation_problem(raw: Any, info: Any) -> Optional[str]:
+    """What is degenerate in one sample's annotations (None when nothing is).
+
+    Looks at the raw COCO annotations (``raw_ann_info``: mmdet's
+    ``CocoDataset`` drops zero-area boxes silently when it parses them) and at
+    the parsed ``instances`` (``bbox`` as x1, y1, x2, y2; polygon masks).
+    """
+    anns = raw.get('raw_ann_info') if isinstance(raw, dict) else None
+    for ann in anns or []:
+        if ann.get('iscrowd', 0):
+            continue
+        x, y, w, h = (list(ann.get('bbox', [])) + [0, 0, 0, 0])[:4]
+        if w <= 0 or h <= 0 or ann.get('area', 1) <= 0:
+            return f'zero-area box {ann.get("bbox")} (annotation id {ann.get("id")})'
+        seg = ann.get('segmentation')
+        if isinstance(seg, list) and (not seg or any(_degenerate_polygon(p) for p in seg)):
+            return f'degenerate polygon (annotation id {ann.get("id")})'
+    instances = info.get('instances') if isinstance(info, dict) else None
+    for inst in instances or []:
+        if inst.get('ignore_flag', 0):
+            continue
+        box = inst.get('bbox')
+        if box is not None and len(box) == 4 and (box[2] <= box[0] or box[3] <= box[1]):
+            return f'zero-area box {list(box)}'
+        mask = inst.get('mask')
+        if isinstance(mask, list) and (not mask or any(_degenerate_polygon(p) for p in mask)):
+            return 'degenerate polygon'
+    return None
+
+
+def file_problem(path: Optional[str]) -> Optional[str]:
+    """Why an image / label file cannot be read in full (None when it looks intact).
+
+    Cheap: size, and the end-of-image marker of JPEG / PNG files (OpenCV
+    decodes a truncated JPEG without an error, grey where the data stop).
+    """
+    if not path or '://' in path:
+        return None
+    if not osp.isfile(path):
+        return 'file not found'
+    size = osp.getsize(path)
+    if size == 0:
+        return 'empty file'
+    ext = osp.splitext(path)[1].lower()
+    if ext in ('.jpg', '.jpeg', '.png'):
+        with open(path, 'rb') as f:
+            f.seek(max(0, size - 4096))
+            tail = f.read()
+        if ext == '.png' and b'IEND' not in tail[-32:]:
+            return 'truncated PNG (no IEND chunk)'
+        if ext != '.png' and b'\xff\xd9' not in tail:
+            return 'truncated JPEG (no end-of-image marker)'
+    return None
+
+
+@DATASETS.register_module()
+class SkipBadSamples:
+    """Dataset wrapper that skips bad samples instead of ending the run.
+
+    A sample is bad when its image or label map is missing, empty or
+    truncated, when loading it through the pipeline raises, or when its
+    annotations hold a zero-area box or a degenerate polygon (checked once,
+    when the annotations are parsed).  A bad sample is replaced by the next
+    good index (deterministic: no random state is drawn), its file is logged
+    once with the reason, and it is counted.  When the number of distinct bad
+    files exceeds the limit, the run stops with :class:`BadSampleLimitError`
+    listing them.
+
+    Data-loader workers share what they found through a small file (one
+    line per bad sample, written under a lock), so each file is logged once
+    and counted once per training process whatever ``num_workers`` is.
+
+    Two ways to write it in a config: as a wrapper,
+    ``dict(type='SkipBadSamples', dataset=dict(type='CocoDataset', ...))``, or in
+    place, ``dict(type='SkipBadSamples', dataset_type='CocoDataset', data_root=...,
+    pipeline=[...])``: the second keeps every key path of the dataset config
+    (``train_dataloader.dataset.data_root``, ``...dataset.pipeline.3.prob``) as
+    it was, so ``--cfg-options`` written for the plain dataset keep working.
+
+    Args:
+        dataset: the dataset or its config (wrapper form).
+        max_bad_fraction: the run stops when more than this fraction of the
+            dataset is bad. Defaults to 0.01.
+        max_bad_count: an absolute limit instead of the fraction.
+        check_annotations: check the parsed annotations for zero-area boxes
+            and degenerate polygons. Defaults to True.
+        lazy_init: as for mmengine's datasets.
+        dataset_type: the dataset type (in-place form).
+        **dataset_kwargs: the dataset's own arguments (in-place form).
+    """
+
+    def __init__(self, dataset: Union[dict, Any, None] = None, max_bad_fraction: float = 0.01,
+                 max_bad_count: Optional[int] = None, check_annotations: bool = True,
+                 lazy_init: bool = False, dataset_type: Union[str, type, None] = None,
+                 **dataset_kwargs: Any) -> None:
+        if dataset is None:
+            if dataset_type is None:
+                raise TypeError('SkipBadSamples needs dataset=dict(...) or dataset_type=...')
+            dataset = dict(type=dataset_type, **dataset_kwargs)
+        elif dataset_kwargs or dataset_type is not None:
+            raise TypeError(f'SkipBadSamples got both dataset= and dataset arguments '
+                            f'{sorted(dataset_kwargs)}')
+        self.max_bad_fraction = max_bad_fraction
+        self.max_bad_count = max_bad_count
+        self.check_annotations = check_annotations
+        self._bad: Dict[int, Tuple[str, str]] = {}  # index -> (file, reason)
+        fd, self._record = tempfile.mkstemp(prefix='inline_mm_bad_samples_', suffix='.tsv')
+        os.close(fd)
+        self._owner = os.getpid()
+        if isinstance(dataset, dict):
+            dataset = DATASETS.build(dict(dataset, lazy_init=True)
+                                     if _is_base_dataset(dataset) else dataset)
+        self.dataset = dataset
+        self._fully_initialized = False
+        if not lazy_init:
+            self.full_init()
+
+    def __del__(self) -> None:
+        if getattr(self, '_owner', None) == os.getpid():
+            try:
+                os.remove(self._record)
+            except OSError:
+                pass
+
+    # -- delegation -----------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith('__') or name in ('dataset', '_bad', '_record'):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    @property
+    def metainfo(self) -> dict:
+        return self.dataset.metainfo
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def get_data_info(self, idx: int) -> Any:
+        return self.dataset.get_data_info(idx)
+
+    def full_init(self) -> None:
+        """Parse the annotations (checking each sample's) and apply the limit."""
+        if self._fully_initialized:
+            return
+        if self.check_annotations and hasattr(self.dataset, 'parse_data_info') and \
+                not getattr(self.dataset, '_fully_initialized', True):
+            found: List[Tuple[dict, str]] = []
+            parse = self.dataset.parse_data_info
+
+            def checked_parse(raw: Any) -> Any:
+                info = parse(raw)
+                problem = annotation_problem(raw, info)
+                if problem is not None and isinstance(info, dict):
+                    found.append((info, problem))
+                return info
+
+            self.dataset.parse_data_info = checked_parse  # instance attribute, removed below
+            try:
+                self.dataset.full_init()
+            finally:
+                del self.dataset.parse_data_info
+            by_path = {info.get('img_path'): problem for info, problem in found}
+            if by_path:
+                for idx in range(len(self.dataset)):
+                    info = self.dataset.get_data_info(idx)
+                    path = info.get('img_path') if isinstance(info, dict) else None
+                    if path is not None and path in by_path:
+                        self._add_bad(idx, path, by_path[path])
+        elif hasattr(self.dataset, 'full_init'):
+            self.dataset.full_init()
+        self._fully_initialized = True
+        self._check_limit()
+
+    # -- bad-sample bookkeeping ----------------------------------------------
+    @property
+    def limit(self) -> int:
+        """How many bad files are allowed."""
+        if self.max_bad_count is not None:
+            return int(self.max_bad_count)
+        return int(self.max_bad_fraction * len(self.dataset))
+
+    def _sync(self) -> None:
+        """Merge what other processes (data-loader workers) recorded."""
+        try:
+            with open(self._record) as f:
+                for line in f:
+                    idx, path, reason = line.rstrip('\n').split('\t', 2)
+                    self._bad.setdefault(int(idx), (path, reason))
+        except (OSError, ValueError):
+            pass
+
+    def _add_bad(self, idx: int, path: str, reason: str) -> None:
+        """Record a bad sample once across workers; log it the first time."""
+        reason = ' '.join(reason.split())[:300]
+        with open(self._record, 'a+') as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                self._sync()
+                if idx not in self._bad:
+                    self._bad[idx] = (path, reason)
+                    f.write(f'{idx}\t{path}\t{reason}\n')
+                    f.flush()
+                    print_log(f'skipped bad sample {path}: {reason} ({len(self._bad)} bad '
+                              f'so far, limit {self.limit})', logger='current',
+                              level=logging.WARNING)
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _check_limit(self) -> None:
+        if len(self._bad) > self.limit:
+            listing = '\n'.join(f'  {path}: {reason}' for path, reason in
+                                sorted(self._bad.values()))
+            raise BadSampleLimitError(
+                f'{len(self._bad)} bad samples in the training set, more than the limit of '
+                f'{self.limit} ({"max_bad_count" if self.max_bad_count is not None else f"max_bad_fraction={self.max_bad_fraction} of {len(self.dataset)}"}); '
+                f'fix or remove these files:\n{listing}')
+
+    @property
+    def bad_samples(self) -> Dict[int, Tuple[str, str]]:
+        """Index -> (file, reason) of the bad samples found so far by this process."""
+        self._sync()
+        return dict(self._bad)
+
+    def _paths(self, idx: int) -> List[str]:
+        info = self.dataset.get_data_info(idx)
+        if not isinstance(info, dict):
+            return []
+        return [info[k] for k in ('img_path', 'seg_map_path') if isinstance(info.get(k), str)]
+
+    def __getitem__(self, idx: int) -> Any:
+        if not self._fully_initialized:
+            self.full_init()
+        n = len(self.dataset)
+        for step in range(n):
+            cur = (idx + step) % n
+            if cur in self._bad:
+                continue
+            paths = self._paths(cur)
+            try:
+                for path in paths:
+                    problem = file_problem(path)
+                    if problem is not None:
+                        raise OSError(f'{problem}: {path}')
+                return self.dataset[cur]
+            except Exception as err:  # any failure of this sample: skip it, keep the run
+                self._add_bad(cur, paths[0] if paths else f'index {cur}',
+                              f'{type(err).__name__}: {err}')
+                self._check_limit()
+        raise BadSampleLimitError('every sample of the training set is bad')
+
+
+def _is_base_dataset(cfg: dict) -> bool:
+    """Whether the dataset config builds an mmengine ``BaseDataset`` (takes ``lazy_init``)."""
+    from mmengine.dataset import BaseDataset
+    cls = cfg.get('type')
+    if isinstance(cls, str):
+        try:
+            with DATASETS.switch_scope_and_registry(None) as registry:
+                cls = registry.get(cls)
+        except Exception:  # an unknown type fails in the build with a clear message
+            return False
+    return isinstance(cls, type) and issubclass(cls, BaseDataset)

@@ -1,0 +1,421 @@
+"""Training that survives a cluster: real processes, real signals, gloo on the CPU.
+
+Each test injects one fault into a tiny run of the toy Mask R-CNN config (8 images of
+128 px) and checks what survives; see docs/reliability.md.
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import REPO_ROOT
+
+from inline_mm.datasets import make_coco_toy
+from inline_mm.engine.fault_tolerance import (PREEMPTED_EXIT_CODE, atomic_write,
+                                              checkpoint_problem, newest_readable_checkpoint)
+
+CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
+TRAIN = os.path.join(REPO_ROOT, 'tools', 'train.py')
+DIST_TRAIN = os.path.join(REPO_ROOT, 'tools', 'dist_train.sh')
+
+
+@pytest.fixture(scope='module')
+def toy_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('data') / 'coco_toy')
+    make_coco_toy(root, num_train=8, num_val=2, image_size=128, seed=1)
+    return root
+
+
+def options(root, flip=False, **extra):
+    opts = {
+        'train_dataloader.dataset.data_root': root + '/',
+        'val_dataloader.dataset.data_root': root + '/',
+        'test_dataloader.dataset.data_root': root + '/',
+        'val_evaluator.ann_file': root + '/annotations/instances_val.json',
+        'test_evaluator.ann_file': root + '/annotations/instances_val.json',
+        'train_cfg.val_interval': 1000,
+        'default_hooks.logger.interval': 1,
+        'train_dataloader.batch_size': 2,
+        'randomness.deterministic': True,
+    }
+    if not flip:
+        opts['train_dataloader.dataset.pipeline.3.prob'] = 0.0
+    opts.update(extra)
+    return ['--cfg-options'] + [f'{k}={v}' for k, v in opts.items()]
+
+
+def env(**faults):
+    e = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
+    e.pop('INLINE_MM_FAULT_INJECTION', None)
+    if faults:
+        e['INLINE_MM_FAULT_INJECTION'] = ';'.join(f'{k}={v}' for k, v in faults.items())
+    return e
+
+
+def train(work, root, *args, faults=None, **extra):
+    return subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', work, *args] +
+                          options(root, **extra), capture_output=True, text=True,
+                          env=env(**(faults or {})), cwd=REPO_ROOT, timeout=600)
+
+
+def scalars(work_dir):
+    rows = []
+    for path in sorted(glob.glob(os.path.join(work_dir, '*', 'vis_data', 'scalars.json'))):
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def losses(work_dir):
+    return {r['iter']: r['loss'] for r in scalars(work_dir) if 'loss' in r}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def weights(path):
+    return torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+
+
+def assert_same_weights(a, b, exact=True):
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        if exact:
+            assert torch.equal(wa[key], wb[key]), key
+        else:
+            torch.testing.assert_close(wa[key], wb[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+def pointer(work):
+    with open(os.path.join(work, 'last_checkpoint')) as f:
+        return f.read().strip()
+
+
+def wait_for(predicate, proc, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+def children(pid):
+    try:
+        with open(f'/proc/{pid}/task/{pid}/children') as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def train_workers(launcher_pid):
+    """The tools/train.py processes below a dist_train.sh launch, by LOCAL_RANK."""
+    found = {}
+    stack = [launcher_pid]
+    while stack:
+        pid = stack.pop()
+        for child in children(pid):
+            try:
+                with open(f'/proc/{child}/cmdline', 'rb') as f:
+                    cmd = f.read().split(b'\0')
+                with open(f'/proc/{child}/environ', 'rb') as f:
+                    environ = dict(kv.split(b'=', 1) for kv in f.read().split(b'\0') if b'=' in kv)
+            except OSError:
+                continue
+            if any(c.endswith(b'train.py') for c in cmd) and b'LOCAL_RANK' in environ and \
+                    b'torch.distributed.run' not in b' '.join(cmd):
+                found.setdefault(int(environ[b'LOCAL_RANK']), child)
+            else:
+                stack.append(child)
+    return found
+
+
+# -- unit level ----------------------------------------------------------------------------
+
+def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypatch):
+    path = str(tmp_path / 'iter_1.pth')
+    atomic_write(b'old', path)
+    monkeypatch.setenv('INLINE_MM_FAULT_INJECTION', 'write_error=ENOSPC:1')
+    with pytest.raises(OSError, match='No space left') as err:
+        atomic_write(b'new' * 1000, path)
+    assert err.value.filename == path
+    assert open(path, 'rb').read() == b'old'
+    assert os.listdir(tmp_path) == ['iter_1.pth']  # no temp file left behind
+
+
+def test_newest_readable_checkpoint_skips_torn_files(tmp_path):
+    good, torn = str(tmp_path / 'iter_2.pth'), str(tmp_path / 'iter_4.pth')
+    torch.save({'state_dict': {'w': torch.ones(1000)}}, good)
+    torch.save({'state_dict': {'w': torch.zeros(1000)}}, torn)
+    data = open(torn, 'rb').read()
+    open(torn, 'wb').write(data[:len(data) // 2])
+    (tmp_path / 'last_checkpoint').write_text(torn)
+    assert checkpoint_problem(good) is None and checkpoint_problem(torn)
+    assert newest_readable_checkpoint(str(tmp_path)) == good
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_kill_during_a_checkpoint_save_resumes_from_a_readable_one(toy_root, tmp_path):
+    """kill -9 while iter_4.pth is being written, keeping one checkpoint: iter_2 survives."""
+    work = str(tmp_path / 'work')
+    extra = {'train_cfg.max_iters': 6, 'default_hooks.checkpoint.interval': 2,
+             'default_hooks.checkpoint.max_keep_ckpts': 1}
+    proc = subprocess.Popen([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
+                            options(toy_root, **extra), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=REPO_ROOT,
+                            env=env(slow_write='60:2'))  # the 2nd save takes a minute
+    try:
+        writing = wait_for(lambda: glob.glob(os.path.join(work, '.iter_4.pth.*.tmp')), proc)
+        assert writing, 'the save of iter_4.pth never started'
+        time.sleep(1)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert pointer(work).endswith('iter_2.pth')
+    assert checkpoint_problem(os.path.join(work, 'iter_2.pth')) is None
+    # a torn file newer than every good one (as a non-atomic writer leaves it)
+    with open(os.path.join(work, 'iter_5.pth'), 'wb') as f:
+        f.write(open(os.path.join(work, 'iter_2.pth'), 'rb').read()[:5000])
+
+    resumed = train(work, toy_root, '--resume', **extra)
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out[-3000:]
+    assert 'iter_5.pth is unreadable' in out
+    assert 'resumed epoch: 0, iter: 2' in out  # lost at most one interval (iterations 3-4)
+    assert pointer(work).endswith('iter_6.pth')
+    assert not glob.glob(os.path.join(work, '.*.tmp'))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('fault', ['immutable-dir', 'ENOSPC'])
+def test_unwritable_work_dir_at_save_time(toy_root, tmp_path, fault):
+    """A save that cannot write stops the run with the path; iter_2 and the pointer stay."""
+    work = str(tmp_path / 'work')
+    extra = {'train_cfg.max_iters': 4, 'default_hooks.checkpoint.interval': 2}
+    if fault == 'ENOSPC':
+        run = train(work, toy_root, faults=dict(write_error='ENOSPC:2'), **extra)
+        reason = 'No space left on device'
+    else:
+        if shutil.which('chattr') is None:
+            pytest.skip('chattr not available')
+        proc = subprocess.Popen([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
+                                options(toy_root, **extra), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
+                                env=env(slow_write='5:2'))
+        try:
+            assert wait_for(lambda: os.path.exists(os.path.join(work, 'last_checkpoint')), proc)
+            # chmod does not stop root; an immutable folder does (checked here)
+            subprocess.run(['chattr', '+i', work], check=True)
+            probe = os.path.join(work, 'probe')
+            with pytest.raises(OSError):
+                open(probe, 'w').close()
+            out, err = proc.communicate(timeout=600)
+        finally:
+            subprocess.run(['chattr', '-i', work])
+            if proc.poll() is None:
+                proc.kill()
+        run = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        reason = 'Operation not permitted'
+    assert run.returncode != 0
+    assert f'cannot write checkpoint {os.path.join(work, "iter_4.pth")}: {reason}' in run.stderr
+    assert pointer(work) == os.path.join(work, 'iter_2.pth')
+    assert checkpoint_problem(os.path.join(work, 'iter_2.pth')) is None
+    assert not os.path.exists(os.path.join(work, 'iter_4.pth'))
+    assert not glob.glob(os.path.join(work, '.*.tmp'))
+
+
+# -- non-finite losses ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_nan_loss_skips_the_step_and_too_many_stop_the_run(toy_root, tmp_path):
+    work = str(tmp_path / 'once')
+    extra = {'train_cfg.max_iters': 5, 'default_hooks.checkpoint.interval': 1,
+             'default_hooks.checkpoint.max_keep_ckpts': -1}
+    run = train(work, toy_root, faults=dict(nan_loss='3'), **extra)  # 0-based: iteration 4
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert 'non-finite loss or gradient at iteration 4: optimizer step skipped' in out
+    assert_same_weights(os.path.join(work, 'iter_3.pth'), os.path.join(work, 'iter_4.pth'))
+    after = weights(os.path.join(work, 'iter_5.pth'))
+    before = weights(os.path.join(work, 'iter_4.pth'))
+    assert any(not torch.equal(after[k], before[k]) for k in after)  # training went on
+    assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
+
+    work = str(tmp_path / 'three')
+    run = train(work, toy_root, faults=dict(nan_loss='2,3,4'),
+                **{**extra, 'custom_hooks.3.max_consecutive': 3})
+    assert run.returncode != 0
+    assert 'not finite in 3 iterations in a row (3-5' in run.stderr
+    assert_same_weights(os.path.join(work, 'iter_2.pth'), pointer(work))
+    assert not os.path.exists(os.path.join(work, 'iter_5.pth'))
+
+
+# -- bad samples -------------------------------------------------------------------------------
+
+def _corrupt_copy(toy_root, dest):
+    shutil.copytree(toy_root, dest)
+    ann_path = os.path.join(dest, 'annotations', 'instances_train.json')
+    with open(ann_path) as f:
+        coco = json.load(f)
+    files = [os.path.join(dest, 'train', img['file_name']) for img in coco['images']]
+    data = open(files[0], 'rb').read()
+    open(files[0], 'wb').write(data[:len(data) // 2])  # truncated JPEG
+    open(files[1], 'wb').close()  # zero-byte file
+    ann = dict(coco['annotations'][0], id=10 ** 6, image_id=coco['images'][2]['id'],
+               bbox=[10, 10, 0, 0], area=0)  # zero-area box
+    coco['annotations'].append(ann)
+    with open(ann_path, 'w') as f:
+        json.dump(coco, f)
+    return files[:3]
+
+
+@pytest.mark.slow
+def test_bad_samples_are_skipped_once_and_too_many_stop_the_run(toy_root, tmp_path):
+    root = str(tmp_path / 'bad')
+    bad = _corrupt_copy(toy_root, root)
+    extra = {'train_cfg.max_iters': 8, 'default_hooks.checkpoint.interval': 100,
+             'train_dataloader.dataset.max_bad_count': 3,
+             'train_dataloader.num_workers': 2}
+    run = train(str(tmp_path / 'ok'), root, **extra)  # two epochs of 4 iterations
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    for path in bad:
+        assert out.count(f'skipped bad sample {path}:') == 1, path
+    assert 'truncated JPEG' in out and 'empty file' in out and 'zero-area box' in out
+
+    run = train(str(tmp_path / 'stop'), root, **{**extra, 'train_dataloader.num_workers': 0,
+                                                  'train_dataloader.dataset.max_bad_count': 2})
+    assert run.returncode != 0
+    assert 'BadSampleLimitError' in run.stderr and 'more than the limit of 2' in run.stderr
+    for path in bad:
+        assert path in run.stderr
+
+
+# -- exact resumption -------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_resume_with_random_flip_matches_a_straight_run(toy_root, tmp_path, num_workers):
+    extra = {'train_cfg.max_iters': 10, 'default_hooks.checkpoint.interval': 5,
+             'train_dataloader.num_workers': num_workers}
+    straight = str(tmp_path / 'straight')
+    run = train(straight, toy_root, flip=True, **extra)
+    assert run.returncode == 0, run.stderr[-3000:]
+    work = str(tmp_path / 'resumed')
+    os.makedirs(work)
+    shutil.copy(os.path.join(straight, 'iter_5.pth'), work)
+    run = train(work, toy_root, '--resume', os.path.join(work, 'iter_5.pth'), flip=True,
+                **extra)
+    assert run.returncode == 0, run.stderr[-3000:]
+    a, b = losses(straight), losses(work)
+    assert [b[i] for i in range(6, 11)] == [a[i] for i in range(6, 11)]
+    assert_same_weights(os.path.join(straight, 'iter_10.pth'), os.path.join(work, 'iter_10.pth'))
+
+
+# -- preemption and several processes ----------------------------------------------------------
+
+def dist_train(work, root, nproc, port, extra, **env_extra):
+    return subprocess.Popen(
+        ['bash', DIST_TRAIN, CONFIG, str(nproc), '--work-dir', work] + options(root, **extra),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
+        env=dict(env(), PORT=str(port), **env_extra), start_new_session=True)
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_exits_75_and_the_restart_matches(toy_root, tmp_path):
+    """SIGTERM to rank 1 of a 2-process run (flip on, 2 loader workers each)."""
+    extra = {'train_cfg.max_iters': 6, 'default_hooks.checkpoint.interval': 100,
+             'train_dataloader.batch_size': 1, 'train_dataloader.num_workers': 2, 'flip': True}
+    flip = extra.pop('flip')
+    straight = str(tmp_path / 'straight')
+    proc = dist_train(straight, toy_root, 2, free_port(), dict(extra, flip=flip))
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+
+    work = str(tmp_path / 'preempted')
+    proc = dist_train(work, toy_root, 2, free_port(), dict(extra, flip=flip), MAX_RESTARTS='1')
+    try:
+        started = wait_for(lambda: any(r.get('iter', 0) >= 2 for r in scalars(work)), proc)
+        assert started, 'training did not start'
+        workers = train_workers(proc.pid)
+        os.kill(workers[1], signal.SIGTERM)  # one process only: the flag is agreed on
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    assert f'exiting with status {PREEMPTED_EXIT_CODE}' in out
+    preempt = [p for p in glob.glob(os.path.join(work, 'iter_*.pth'))
+               if not p.endswith('iter_6.pth')]
+    assert len(preempt) == 1, out[-3000:]  # the preemption checkpoint
+    assert 'resumed epoch: 0, iter:' in out
+    assert_same_weights(os.path.join(straight, 'iter_6.pth'), os.path.join(work, 'iter_6.pth'))
+
+
+@pytest.mark.slow
+def test_two_nodes_on_loopback_match_one_two_process_launch(toy_root, tmp_path):
+    extra = {'train_cfg.max_iters': 3, 'default_hooks.checkpoint.interval': 100,
+             'train_dataloader.batch_size': 1}
+    one = str(tmp_path / 'one')
+    proc = dist_train(one, toy_root, 2, free_port(), extra)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+
+    two = str(tmp_path / 'two')
+    port = free_port()
+    nodes = [dist_train(two, toy_root, 1, port, extra, NNODES='2', NODE_RANK=str(rank),
+                        MASTER_ADDR='127.0.0.1') for rank in (0, 1)]
+    outs = [p.communicate(timeout=600)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    assert losses(two) == pytest.approx(losses(one), rel=1e-6)
+    assert_same_weights(os.path.join(one, 'iter_3.pth'), os.path.join(two, 'iter_3.pth'),
+                        exact=False)
+
+
+@pytest.mark.slow
+def test_a_killed_node_ends_the_other_and_the_job_resumes(toy_root, tmp_path):
+    extra = {'train_cfg.max_iters': 8, 'default_hooks.checkpoint.interval': 2,
+             'train_dataloader.batch_size': 1}
+    work = str(tmp_path / 'work')
+    port = free_port()
+    nodes = [dist_train(work, toy_root, 1, port, extra, NNODES='2', NODE_RANK=str(rank))
+             for rank in (0, 1)]
+    try:
+        assert wait_for(lambda: any(r.get('iter', 0) >= 3 for r in scalars(work)), nodes[0])
+        os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1 disappears: launcher and worker
+        killed = time.time()
+        out, _ = nodes[0].communicate(timeout=180)
+        took = time.time() - killed
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    assert nodes[0].returncode != 0
+    assert took < 120, f'node 0 took {took:.0f} s to stop'
+    assert 'Connection closed by peer' in out or 'Connection reset' in out or \
+        'ChildFailedError' in out, out[-3000:]
+    saved = pointer(work)
+    assert checkpoint_problem(saved) is None
+
+    port = free_port()
+    nodes = [dist_train(work, toy_root, 1, port, extra, NNODES='2', NODE_RANK=str(rank),
+                        MAX_RESTARTS='1') for rank in (0, 1)]
+    outs = [p.communicate(timeout=600)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs[0][-3000:]
+    assert f'resuming from {saved}' in outs[0]
+    assert pointer(work).endswith('iter_8.pth')
