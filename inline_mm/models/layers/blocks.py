@@ -28,7 +28,8 @@ class TokenMlp(Mlp):
 
     def forward(self, x: Tensor) -> Tensor:
         num_tokens = x.numel() // x.shape[-1]
-        if self.training or torch.is_grad_enabled() or num_tokens <= 2 * self.chunk_tokens:
+        if (self.training or torch.is_grad_enabled() or torch.jit.is_tracing()
+                or num_tokens <= 2 * self.chunk_tokens):  # traced: no size-dependent loop
             return super().forward(x)
         tokens = x.reshape(num_tokens, x.shape[-1])
         out = None

@@ -26,6 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import symbolic
+
 
 def _exp_kernel(x: Tensor) -> Tensor:
     return torch.exp(0.2 * x)
@@ -155,7 +157,10 @@ class InLineCore(nn.Module):
         # channels-last map (a view of the tokens when B == 1).
         grid = zero_padded_tokens(v, valid).reshape(b, h, w, c).permute(1, 2, 0, 3)
         grid = grid.reshape(1, h, w, b * c).permute(0, 3, 1, 2)
-        out = F.conv2d(grid, weight.to(grid.dtype), padding=1, groups=b * c)
+        if symbolic.is_tracing():  # ONNX Conv needs a kernel of static shape
+            out = symbolic.depthwise_conv3x3(grid, weight.to(grid.dtype))
+        else:
+            out = F.conv2d(grid, weight.to(grid.dtype), padding=1, groups=b * c)
         return out.permute(0, 2, 3, 1).reshape(h, w, b, c).permute(2, 0, 1, 3).reshape(b, h * w, c)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, kernel_src: Tensor,

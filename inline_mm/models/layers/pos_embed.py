@@ -13,6 +13,8 @@ import torch
 from timm.layers import resample_abs_pos_embed
 from torch import Tensor, nn
 
+from . import symbolic
+
 
 def resize_pos_embed(pos_embed: Tensor, new_grid: Tuple[int, int], old_grid: Tuple[int, int],
                      num_prefix_tokens: int = 0) -> Tensor:
@@ -40,6 +42,8 @@ class PosEmbedResizer:
 
     def __call__(self, pos_embed: nn.Parameter, new_grid: Tuple[int, int],
                  old_grid: Tuple[int, int], num_prefix_tokens: int = 0) -> Tensor:
+        if symbolic.is_tracing():  # the grid is a pair of size tensors: resize in the graph
+            return symbolic.resize_pos_embed(pos_embed, new_grid, old_grid, num_prefix_tokens)
         if tuple(new_grid) == tuple(old_grid):
             return pos_embed
         if torch.is_grad_enabled() and pos_embed.requires_grad:

@@ -13,6 +13,8 @@ import torch.nn as nn
 from timm.layers import trunc_normal_
 from torch import Tensor
 
+from . import symbolic
+
 
 @lru_cache(maxsize=128)
 def relative_position_index(window: Tuple[int, int], table_window: Tuple[int, int]) -> Tensor:
@@ -80,7 +82,11 @@ class WindowAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def position_bias(self, window: Tuple[int, int]) -> Tensor:
-        index = relative_position_index(tuple(window), self.table_window)
+        if symbolic.is_tracing():  # the window may be a size tensor: index in the graph
+            index = symbolic.relative_position_index(
+                window, self.table_window, self.relative_position_bias_table.device)
+        else:
+            index = relative_position_index(tuple(window), self.table_window)
         n = window[0] * window[1]
         bias = self.relative_position_bias_table[index.to(
             self.relative_position_bias_table.device).view(-1)]

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import symbolic
+
 Window = Tuple[Optional[int], Optional[int]]
 
 # Additive bias between tokens of different regions (the value used by Swin).
@@ -39,6 +41,8 @@ def clip_window(window: Window, hw: Tuple[int, int], shift: int | Tuple[int, int
         ((wh, ww), (sh, sw)): the effective window and shift in tokens.
     """
     shifts = (shift, shift) if isinstance(shift, int) else tuple(shift)
+    if symbolic.is_tracing():
+        return symbolic.clip_window(window, hw, shifts)
     win, out_shift = [], []
     for size, s, extent in zip(window, shifts, hw):
         w = extent if size is None or size >= extent else size
@@ -51,7 +55,7 @@ def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
     """Zero-pad a ``(B, H, W, C)`` map at the bottom / right to multiples of ``multiple``."""
     h, w = x.shape[1:3]
     pad_h, pad_w = (-h) % multiple[0], (-w) % multiple[1]
-    if pad_h or pad_w:
+    if symbolic.is_tracing() or pad_h or pad_w:  # traced: pad by a size tensor, maybe 0
         x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
     return x
 
@@ -60,7 +64,7 @@ def pad_image(x: Tensor, multiple: int) -> Tensor:
     """Zero-pad an NCHW image at the bottom / right to a multiple of ``multiple``."""
     h, w = x.shape[-2:]
     pad_h, pad_w = (-h) % multiple, (-w) % multiple
-    if pad_h or pad_w:
+    if symbolic.is_tracing() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
 
@@ -124,8 +128,11 @@ def window_masks(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int,
         attention bias that separates regions (padding, shifted borders), None
         when there is nothing to separate or ``need_bias`` is False (InLine
         attention needs ``valid`` only: no ``N x N`` tensor is built for it).
-        Cached per size and device.
+        Cached per size and device.  Under tracing, built in the graph instead
+        (:func:`symbolic.window_masks`).
     """
+    if symbolic.is_tracing():
+        return symbolic.window_masks(hw, window, shift, device, need_bias)
     key = (hw, window, shift, str(device), need_bias)
     cached = _MASK_CACHE.get(key)
     if cached is not None:
@@ -177,6 +184,8 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn, shift: int = 0,
     valid, bias = window_masks((h, w), win, sft, x.device, need_bias)
     x = pad_to_multiple(x, win)
     hp, wp = x.shape[1:3]
+    if symbolic.is_tracing():
+        return _run_traced(x, (h, w), win, sft, valid, bias, fn)
     if sft != (0, 0):
         x = torch.roll(x, shifts=(-sft[0], -sft[1]), dims=(1, 2))
     windows = window_partition(x, win)
@@ -189,3 +198,17 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn, shift: int = 0,
     if hp != h or wp != w:
         out = out[:, :h, :w]
     return out
+
+
+def _run_traced(x: Tensor, hw: tuple, win: tuple, sft: tuple, valid: Optional[Tensor],
+                bias: Optional[Tensor], fn: WindowFn) -> Tensor:
+    """:func:`run_in_windows` after padding, without size branches (sizes are tensors)."""
+    b, hp, wp = x.shape[:3]
+    shifted = symbolic.has_shift(sft)
+    if shifted:
+        x = symbolic.roll(x, (-sft[0], -sft[1]), (1, 2))
+    out = fn(window_partition(x, win), win, valid.repeat(b, 1), bias)
+    out = window_reverse(out, win, (hp, wp))
+    if shifted:
+        out = symbolic.roll(out, sft, (1, 2))
+    return out[:, :hw[0], :hw[1]]

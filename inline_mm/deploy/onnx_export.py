@@ -1,0 +1,271 @@
+"""Export a backbone, a segmentor or a detector's features to ONNX and check it.
+
+The export traces the model with torch's TorchScript-based ONNX exporter
+(``torch.onnx.export(..., dynamo=False)``) with dynamic height and width.
+Under tracing the InLine layers compute padding, window clipping, masks,
+relative position indices and position-table resizing from size tensors in
+the graph (:mod:`inline_mm.models.layers.symbolic`), so one file serves every
+input size; the batch size is fixed at export (1 by default).
+
+Parity is the largest absolute difference between onnxruntime's and
+PyTorch's outputs divided by the largest absolute PyTorch output value, taken
+over all outputs.
+"""
+import os
+import os.path as osp
+import time
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+#: What ``--part`` can export.
+PARTS = ('backbone', 'backbone_neck', 'model')
+
+#: Default ONNX opset (onnxruntime >= 1.14 runs it; torch's legacy exporter writes it).
+OPSET = 17
+
+#: The parity bound the tools and tests check: max |ort - torch| / max |torch|.
+TOLERANCE = 1e-4
+
+INSTALL_HINT = 'run `make install-deploy` (or `pip install -e .[deploy]`)'
+
+
+class DeployError(RuntimeError):
+    """A problem with what the user asked for (missing file, wrong part, missing extra)."""
+
+
+def require_onnx() -> None:
+    """Import ``onnx`` and ``onnxruntime`` or raise :class:`DeployError` saying how to install."""
+    missing = []
+    for name in ('onnx', 'onnxruntime'):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise DeployError(f"{' and '.join(missing)} not installed: {INSTALL_HINT}")
+
+
+# ---------------------------------------------------------------- models
+def build_model(config: str, checkpoint: Optional[str] = None, device: str = 'cpu'
+                ) -> Tuple[nn.Module, object, str]:
+    """Build the detector / segmentor of a config in eval mode.
+
+    Without ``checkpoint`` the weights are random and ``model.backbone.init_cfg``
+    is dropped (no ImageNet weights are read).
+
+    Returns:
+        (model, cfg, task) with ``task`` ``'mmdet'`` or ``'mmseg'``.
+    """
+    if not osp.isfile(config):
+        raise DeployError(f'config file {config!r} not found')
+    if checkpoint is not None and not osp.isfile(checkpoint):
+        raise DeployError(f'checkpoint file {checkpoint!r} not found')
+    from mmengine.config import Config
+
+    from inline_mm.engine.runner_utils import task_of
+    cfg = Config.fromfile(config)
+    task = task_of(cfg)
+    if checkpoint is None:
+        cfg.model.backbone.init_cfg = None
+    if task == 'mmdet':
+        from mmdet.apis import init_detector as init_model
+    else:
+        from mmseg.apis import init_model
+    model = init_model(cfg, checkpoint, device=device)
+    return model.eval(), cfg, task
+
+
+class _Backbone(nn.Module):
+    """The backbone alone: image -> tuple of feature maps."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.backbone = getattr(model, 'backbone', model)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        return tuple(self.backbone(x))
+
+
+class _BackboneNeck(nn.Module):
+    """Backbone + neck (``extract_feat``): the detector's FPN maps; heads stay in PyTorch."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        return tuple(self.model.extract_feat(x))
+
+
+class _SegmentorLogits(nn.Module):
+    """A whole encoder-decoder segmentor: normalised image -> logits at the input size.
+
+    The same computation as mmseg's ``whole`` inference on one padded batch:
+    decode head on the features, bilinear resize to the input size.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor) -> Tensor:
+        from mmseg.models.utils import resize
+        head = self.model.decode_head
+        logits = head(self.model.extract_feat(x))
+        return resize(logits, size=x.shape[2:], mode='bilinear',
+                      align_corners=head.align_corners)
+
+
+def wrap_part(model: nn.Module, part: str, task: Optional[str] = None) -> nn.Module:
+    """The module to export for ``part`` (one of :data:`PARTS`), in eval mode.
+
+    ``model`` is a detector / segmentor, or a bare backbone for ``'backbone'``.
+    Whole detectors are not exported here: their RoI / NMS post-processing
+    needs mmdeploy's rewrites; export ``'backbone_neck'`` and keep the heads in
+    PyTorch (:func:`inline_mm.deploy.detector.predict_with_features`).
+    """
+    if part not in PARTS:
+        raise DeployError(f"unknown part {part!r}: choose one of {', '.join(PARTS)}")
+    if part == 'backbone':
+        return _Backbone(model).eval()
+    if not hasattr(model, 'extract_feat'):
+        raise DeployError(f'--part {part} needs a detector or segmentor config')
+    if part == 'backbone_neck':
+        return _BackboneNeck(model).eval()
+    if task == 'mmdet' or not hasattr(model, 'decode_head'):
+        raise DeployError('whole detectors do not export here (RoI heads and NMS need '
+                          'mmdeploy); use --part backbone_neck and keep the heads in PyTorch')
+    return _SegmentorLogits(model).eval()
+
+
+# ---------------------------------------------------------------- export
+def _as_tuple(out) -> Tuple[Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def example_input(shape: Tuple[int, int], batch: int = 1, seed: int = 0) -> Tensor:
+    """A reproducible normalised-image-like input ``(batch, 3, H, W)``."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 3, shape[0], shape[1], generator=gen)
+
+
+def export_onnx(module: nn.Module, shape: Tuple[int, int], path: str, dynamic: bool = True,
+                batch: int = 1, opset: int = OPSET) -> List[str]:
+    """Trace ``module`` at ``shape`` = (H, W) and write an ONNX file.
+
+    Args:
+        module: what :func:`wrap_part` returns (or any image -> tensor(s) module).
+        shape: the (H, W) of the traced example input.
+        path: output ``.onnx`` file (its folder is created).
+        dynamic: height and width of the input (and outputs) are dynamic axes.
+        batch: the batch size baked into the graph.
+        opset: ONNX opset.
+
+    Returns:
+        The output names (``out0``, ``out1``, ...).
+    """
+    module = module.eval()
+    x = example_input(shape, batch)
+    with torch.no_grad():
+        num_outputs = len(_as_tuple(module(x)))
+    outputs = [f'out{i}' for i in range(num_outputs)]
+    dynamic_axes = None
+    if dynamic:
+        dynamic_axes = {'input': {2: 'height', 3: 'width'}}
+        dynamic_axes.update({name: {2: f'{name}_height', 3: f'{name}_width'}
+                             for name in outputs})
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        # The tracer warns about every size it turns into a Python value; the
+        # sizes that matter are tensors under tracing, and the parity check at
+        # other sizes is what proves the graph dynamic.
+        warnings.simplefilter('ignore')
+        torch.onnx.export(module, (x,), path, dynamo=False, input_names=['input'],
+                          output_names=outputs, dynamic_axes=dynamic_axes,
+                          opset_version=opset)
+    return outputs
+
+
+# ---------------------------------------------------------------- run / compare
+def onnx_session(path: str, threads: Optional[int] = None):
+    """An onnxruntime CPU session for ``path`` (``threads`` intra-op threads if given)."""
+    require_onnx()
+    import onnxruntime as ort
+    if not osp.isfile(path):
+        raise DeployError(f'ONNX file {path!r} not found')
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    return ort.InferenceSession(path, options, providers=['CPUExecutionProvider'])
+
+
+def run_onnxruntime(session_or_path, x: np.ndarray | Tensor, threads: Optional[int] = None
+                    ) -> List[np.ndarray]:
+    """Run a session (or an ONNX file) on one input; returns all outputs."""
+    session = session_or_path
+    if isinstance(session_or_path, (str, os.PathLike)):
+        session = onnx_session(str(session_or_path), threads)
+    if isinstance(x, Tensor):
+        x = x.detach().cpu().numpy()
+    name = session.get_inputs()[0].name
+    return session.run(None, {name: np.ascontiguousarray(x, dtype=np.float32)})
+
+
+def torch_outputs(module: nn.Module, x: Tensor) -> List[np.ndarray]:
+    """PyTorch eager outputs of ``module`` as numpy arrays."""
+    with torch.no_grad():
+        return [o.detach().cpu().float().numpy() for o in _as_tuple(module.eval()(x))]
+
+
+def compare_outputs(reference: Sequence[np.ndarray], actual: Sequence[np.ndarray]) -> float:
+    """Max abs difference over all outputs relative to the reference's max abs value.
+
+    Shapes must agree (a wrong size is a failure, reported as ``inf``).
+    """
+    if len(reference) != len(actual):
+        return float('inf')
+    worst = 0.0
+    for ref, out in zip(reference, actual):
+        if tuple(ref.shape) != tuple(out.shape):
+            return float('inf')
+        scale = float(np.abs(ref).max()) or 1.0
+        worst = max(worst, float(np.abs(ref.astype(np.float64) - out).max()) / scale)
+    return worst
+
+
+def verify_onnx(module: nn.Module, path: str, shapes: Sequence[Tuple[int, int]],
+                batch: int = 1, threads: Optional[int] = None) -> Dict[Tuple[int, int], float]:
+    """Relative max abs difference onnxruntime vs PyTorch for each (H, W) in ``shapes``."""
+    session = onnx_session(path, threads)
+    result = {}
+    for i, shape in enumerate(shapes):
+        x = example_input(tuple(shape), batch, seed=i + 1)
+        result[tuple(shape)] = compare_outputs(torch_outputs(module, x),
+                                               run_onnxruntime(session, x))
+    return result
+
+
+def time_onnxruntime(onnx_path: str, size: Tuple[int, int], batch: int = 1, warmup: int = 1,
+                     repeats: int = 5, threads: Optional[int] = None) -> List[float]:
+    """Seconds per onnxruntime run of ``onnx_path`` on a ``(batch, 3, H, W)`` input.
+
+    ``warmup`` untimed runs first (onnxruntime allocates and plans on the first
+    runs of a shape), then ``repeats`` timed ones.
+    """
+    session = onnx_session(onnx_path, threads)
+    name = session.get_inputs()[0].name
+    x = example_input(size, batch).numpy()
+    for _ in range(warmup):
+        session.run(None, {name: x})
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        session.run(None, {name: x})
+        times.append(time.perf_counter() - start)
+    return times

@@ -1,0 +1,159 @@
+"""ONNX export: every backbone family with dynamic H / W, a whole segmentor, a detector's
+backbone + neck, and the command-line tools' error lines.
+
+Each export is traced at 64x96 and checked with onnxruntime at that size and at two
+others (odd non-square 97x131, and 45x33 where windows clip differently), against
+PyTorch eager: max |ort - torch| <= 1e-4 x max |torch|.
+"""
+import os.path as osp
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip('onnx', reason='onnx not installed: make install-deploy')
+pytest.importorskip('onnxruntime', reason='onnxruntime not installed: make install-deploy')
+
+from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin  # noqa: E402
+from inline_mm.deploy import (build_model, export_onnx, onnx_session,  # noqa: E402
+                              verify_onnx, wrap_part)
+from inline_mm.deploy.onnx_export import TOLERANCE  # noqa: E402
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+EXPORT_SHAPE = (64, 96)
+CHECK_SHAPES = [EXPORT_SHAPE, (97, 131), (45, 33)]
+
+# Reduced depths (as tests/test_backbones.py) keep every kind of block; the
+# '*_windows' variants make windows pad, shift and clip differently per size.
+BACKBONES = {
+    'pvt': (InLinePVT, dict(arch='tiny', depths=[1, 1, 1, 1])),
+    'pvt_windows': (InLinePVT, dict(arch='tiny', depths=[1, 1, 1, 1], inline_window=(5, 7))),
+    'swin': (InLineSwin, dict(arch='tiny', depths=[1, 1, 2, 2])),
+    'swin_windows': (InLineSwin, dict(arch='tiny', depths=[1, 2, 2, 1], attn_type='ISSI',
+                                      window_size=3, inline_window=(4, 5))),
+    'cswin': (InLineCSWin, dict(arch='tiny', depths=[1, 1, 2, 1])),
+    'cswin_windows': (InLineCSWin, dict(arch='tiny', depths=[1, 1, 2, 1], split_size=(1, 2, 3, 3),
+                                        inline_window=(5, 4))),
+    'deit': (InLineDeiT, dict(arch='tiny', depth=4, out_indices=(0, 1, 2, 3))),
+}
+
+
+def _check(diffs):
+    assert set(diffs) == set(CHECK_SHAPES)
+    for shape, diff in diffs.items():
+        assert diff <= TOLERANCE, f'{shape}: relative difference {diff:.2e}'
+
+
+@pytest.mark.parametrize('name', list(BACKBONES))
+def test_backbone_dynamic_parity(name, tmp_path):
+    torch.manual_seed(0)
+    cls, kwargs = BACKBONES[name]
+    module = wrap_part(cls(**kwargs).eval(), 'backbone')
+    path = str(tmp_path / f'{name}.onnx')
+    outputs = export_onnx(module, EXPORT_SHAPE, path, dynamic=True)
+    assert outputs == ['out0', 'out1', 'out2', 'out3']
+    session = onnx_session(path)
+    assert [d if isinstance(d, str) else None
+            for d in session.get_inputs()[0].shape[2:]] == ['height', 'width']
+    _check(verify_onnx(module, path, CHECK_SHAPES))
+
+
+def test_fixed_export_rejects_other_sizes(tmp_path):
+    """Without --dynamic the graph is for one size (what the benchmark uses)."""
+    module = wrap_part(InLinePVT(**BACKBONES['pvt'][1]).eval(), 'backbone')
+    path = str(tmp_path / 'fixed.onnx')
+    export_onnx(module, EXPORT_SHAPE, path, dynamic=False)
+    assert verify_onnx(module, path, [EXPORT_SHAPE])[EXPORT_SHAPE] <= TOLERANCE
+    with pytest.raises(Exception):
+        verify_onnx(module, path, [(97, 131)])
+
+
+@pytest.mark.slow
+def test_segmentor_whole_parity_and_label_map(tmp_path):
+    """Semantic FPN (toy config): logits at the input size, and the drawn label map
+    of onnxruntime inference equals PyTorch's."""
+    import mmcv
+    from mmseg.apis import inference_model
+
+    from inline_mm.deploy.segmentor import draw_images, predict_images
+    torch.manual_seed(0)
+    model, cfg, task = build_model(osp.join(ROOT, 'configs/seg/toy/fpn_inline_pvt_toy.py'))
+    assert task == 'mmseg'
+    module = wrap_part(model, 'model', task)
+    path = str(tmp_path / 'fpn.onnx')
+    export_onnx(module, EXPORT_SHAPE, path, dynamic=True)
+    diffs = verify_onnx(module, path, CHECK_SHAPES)
+    _check(diffs)
+
+    rng = np.random.default_rng(0)
+    image = (rng.random((150, 110, 3)) * 255).astype(np.uint8)
+    image[40:90, 30:80] = (200, 30, 30)
+    img_path = str(tmp_path / 'toy.png')
+    mmcv.imwrite(image, img_path)
+    result = predict_images(model, onnx_session(path), [img_path])[0]
+    reference = inference_model(model, img_path)
+    assert result.pred_sem_seg.data.shape == reference.pred_sem_seg.data.shape == (1, 150, 110)
+    agree = (result.pred_sem_seg.data == reference.pred_sem_seg.data).float().mean().item()
+    assert agree >= 0.999
+    written = draw_images(model, cfg, [img_path], [result], str(tmp_path / 'vis'))
+    assert osp.isfile(written[0])
+
+
+@pytest.mark.slow
+def test_detector_backbone_neck_fallback(tmp_path):
+    """Mask R-CNN (toy config): backbone + neck in onnxruntime, heads in PyTorch."""
+    from inline_mm.deploy.detector import predict_with_features
+    from inline_mm.deploy.onnx_export import example_input, run_onnxruntime
+    torch.manual_seed(0)
+    model, _, task = build_model(osp.join(ROOT, 'configs/det/toy/mask_rcnn_inline_pvt_toy.py'))
+    module = wrap_part(model, 'backbone_neck', task)
+    path = str(tmp_path / 'det.onnx')
+    outputs = export_onnx(module, EXPORT_SHAPE, path, dynamic=True)
+    assert len(outputs) == 5  # FPN levels P2-P6
+    _check(verify_onnx(module, path, CHECK_SHAPES))
+
+    with pytest.raises(Exception, match='backbone_neck'):
+        wrap_part(model, 'model', task)
+
+    # the PyTorch heads run on the onnxruntime maps (a 96x128 padded batch)
+    from mmdet.structures import DetDataSample
+    x = example_input((96, 128))
+    meta = dict(img_shape=(96, 128), ori_shape=(96, 128), pad_shape=(96, 128),
+                batch_input_shape=(96, 128), scale_factor=(1., 1.))
+    feats = run_onnxruntime(onnx_session(path), x)
+    ort = predict_with_features(model, feats, [DetDataSample(metainfo=meta)])[0]
+    with torch.no_grad():
+        ref = model.predict(x, [DetDataSample(metainfo=meta)])[0]
+    assert len(ort.pred_instances) == len(ref.pred_instances) > 0
+    torch.testing.assert_close(ort.pred_instances.bboxes, ref.pred_instances.bboxes,
+                               atol=1e-2, rtol=1e-3)
+
+
+def _tool(name, *args):
+    return subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'deployment', name), *args],
+                          capture_output=True, text=True, cwd=ROOT)
+
+
+def test_tool_errors_are_one_line(tmp_path):
+    out = _tool('export_onnx.py', str(tmp_path / 'missing.py'), '--out',
+                str(tmp_path / 'x.onnx'))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"error: config file {str(tmp_path / 'missing.py')!r} not found"]
+    out = _tool('export_onnx.py', osp.join(ROOT, 'configs/seg/toy/fpn_inline_pvt_toy.py'),
+                str(tmp_path / 'missing.pth'), '--out', str(tmp_path / 'x.onnx'))
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1 and 'checkpoint' in out.stderr
+
+
+@pytest.mark.slow
+def test_export_tool_verify(tmp_path):
+    """The command line: toy segmentor backbone, dynamic, verified at 3 sizes."""
+    out = _tool('export_onnx.py', osp.join(ROOT, 'configs/seg/toy/fpn_inline_pvt_toy.py'),
+                '--shape', '64', '96', '--dynamic', '--out', str(tmp_path / 'b.onnx'),
+                '--verify', '--verify-shapes', '131x97', '33x45')
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if 'max |onnxruntime' in line]
+    assert len(lines) == 3 and all(line.endswith('ok') for line in lines)
