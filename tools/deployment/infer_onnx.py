@@ -10,10 +10,9 @@
 The network runs in onnxruntime; loading, resizing and normalising the image
 and resizing the logits back are mmseg's own code from the same config, and
 the drawing is mmseg's visualizer (as ``tools/infer.py``), so the picture is
-the one PyTorch inference draws.  ``--compare-checkpoint`` also runs the
-PyTorch model with that checkpoint (``random`` for the random weights the
-export used without a checkpoint... which differ between runs, so use a file)
-and prints the share of pixels whose labels agree.
+the one PyTorch inference draws.  ``--compare-checkpoint CKPT`` (the checkpoint
+the file was exported from) also runs the PyTorch model and prints the share
+of pixels whose labels agree.
 """
 import argparse
 import os.path as osp
