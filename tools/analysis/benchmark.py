@@ -13,8 +13,18 @@ noise hits all of them alike.  Peak memory is, on the CPU, the increase of the
 process's peak RSS during one forward over the loaded model, measured in a fresh
 subprocess per model and size; on a GPU, ``torch.cuda.max_memory_allocated``.
 Writes JSON and a log-log PNG (latency against pixels, one line per model) and
-prints a table with the InLine / softmax ratio per size and the log-log slope
-of latency against pixel count for every model.
+prints a table with the InLine / softmax ratio per size, the bf16 / fp32 ratio
+when both run, and the log-log slope of latency against pixel count for every
+model.
+
+``--dtypes fp32 bf16`` runs every model in both: ``bf16`` is
+``torch.autocast`` of the whole forward for backbones, and of the backbone and
+the neck for detector configs (mmcv's CPU RoIAlign / NMS take fp32 only).
+Each row also gives the achieved GFLOP/s: the model's FLOPs at that size
+(mmengine's ``FlopAnalyzer``, traced, counted once per model and size, one
+multiply-add = 2 FLOPs here) over the median latency, and its share of the
+machine's matmul peak for that dtype, measured in the same run (best of a few
+``--peak-size`` square matmuls).
 """
 import argparse
 import copy
@@ -26,7 +36,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Dict, List, Tuple
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
@@ -91,7 +102,37 @@ def build_backbone(name: str) -> nn.Module:
                      f'mmdet_swin_t, timm_deit_t, or --config')
 
 
-def build_from_config(path: str) -> nn.Module:
+class WholeModel(nn.Module):
+    """Tensor-mode forward of a detector / segmentor (backbone, neck and heads).
+
+    Data samples are built for the size of each input batch (a detector's
+    RPN / RoI heads read ``img_shape`` and ``batch_input_shape`` from them).
+    ``amp_parts`` names what ``bf16`` / ``fp16`` autocasts: the backbone and
+    the neck of a detector, None (all) for a segmentor.
+    """
+
+    def __init__(self, model: nn.Module, task: str) -> None:
+        super().__init__()
+        from inline_mm.engine.amp import amp_parts
+        self.model = model
+        self.task = task
+        self.amp_parts = amp_parts(task)
+
+    def data_samples(self, x: torch.Tensor) -> list:
+        if self.task == 'mmdet':
+            from mmdet.structures import DetDataSample as Sample
+        else:
+            from mmseg.structures import SegDataSample as Sample
+        h, w = x.shape[-2:]
+        meta = dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w),
+                    batch_input_shape=(h, w), scale_factor=(1., 1.))
+        return [Sample(metainfo=meta) for _ in range(x.shape[0])]
+
+    def forward(self, x: torch.Tensor):
+        return self.model._forward(x, self.data_samples(x))
+
+
+def build_from_config(path: str) -> WholeModel:
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
 
@@ -101,16 +142,7 @@ def build_from_config(path: str) -> nn.Module:
     init_default_scope(task)
     cfg.model.backbone.init_cfg = None
     registry = __import__(f'{task}.registry', fromlist=['MODELS']).MODELS
-    model = registry.build(cfg.model)
-
-    class Whole(nn.Module):  # tensor-mode forward: backbone, neck and heads
-        def __init__(self):
-            super().__init__()
-            self.model = model
-
-        def forward(self, x):
-            return self.model._forward(x)
-    return Whole()
+    return WholeModel(registry.build(cfg.model), task)
 
 
 def parse_size(text: str) -> Tuple[int, int]:
@@ -121,11 +153,27 @@ def parse_size(text: str) -> Tuple[int, int]:
     return int(text), int(text)
 
 
+TORCH_DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
 def autocast(dtype: str, device: str):
     if dtype == 'fp32':
         return torch.autocast(device_type=device, enabled=False)
-    return torch.autocast(device_type=device,
-                          dtype=torch.bfloat16 if dtype == 'bf16' else torch.float16)
+    return torch.autocast(device_type=device, dtype=TORCH_DTYPES[dtype])
+
+
+@contextmanager
+def precision(model: nn.Module, dtype: str, device: str) -> Iterator[None]:
+    """The context ``model`` runs in for ``dtype``: autocast of the whole forward,
+    or of ``model.amp_parts`` only (detector configs, see :class:`WholeModel`)."""
+    parts = getattr(model, 'amp_parts', None)
+    if dtype == 'fp32' or parts is None:
+        with autocast(dtype, device):
+            yield
+        return
+    from inline_mm.engine.autocast import autocast_parts
+    with autocast_parts(model.model, parts, TORCH_DTYPES[dtype], enabled=False).enable():
+        yield
 
 
 def sync(device: str) -> None:
@@ -137,17 +185,19 @@ def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup
                 progress: Callable[[str], None]) -> Dict[str, List[float]]:
     x = torch.randn(batch, 3, *size, device=device)
     times = {name: [] for name in models}
-    with torch.inference_mode(), autocast(dtype, device):
+    with torch.inference_mode():
         for name, model in models.items():
-            for _ in range(warmup):
-                model(x)
+            with precision(model, dtype, device):
+                for _ in range(warmup):
+                    model(x)
             sync(device)
         for r in range(repeats):  # interleaved: one pass of every model per round
             for name, model in models.items():
-                sync(device)
-                t0 = time.perf_counter()
-                model(x)
-                sync(device)
+                with precision(model, dtype, device):
+                    sync(device)
+                    t0 = time.perf_counter()
+                    model(x)
+                    sync(device)
                 times[name].append(time.perf_counter() - t0)
             progress(f'  {size[1]}x{size[0]} b{batch} {dtype}: round {r + 1}/{repeats}')
     return times
@@ -174,7 +224,7 @@ def peak_memory_mb(spec: str, size, batch, dtype, device, threads) -> float:
         model.eval()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        with torch.inference_mode(), autocast(dtype, device):
+        with torch.inference_mode(), precision(model, dtype, device):
             model(torch.randn(batch, 3, *size, device=device))
         return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
     code = (f'import sys; sys.argv=[""]; sys.path.insert(0, {osp.dirname(__file__)!r}); '
@@ -193,7 +243,7 @@ def _child_peak(spec, size, batch, dtype, threads) -> float:
     model = load(spec)
     model.eval()
     x = torch.randn(batch, 3, *size)
-    with torch.inference_mode(), autocast(dtype, 'cpu'):
+    with torch.inference_mode(), precision(model, dtype, 'cpu'):
         model(torch.randn(batch, 3, 64, 64))  # lazy initialisation outside the measurement
         # the peak of the import / build phase must not hide the forward's peak
         reset_peak_rss()
@@ -205,6 +255,77 @@ def _child_peak(spec, size, batch, dtype, threads) -> float:
 
 def load(spec: str) -> nn.Module:
     return build_from_config(spec) if spec.endswith('.py') else build_backbone(spec)
+
+
+def matmul_peak_gflops(dtype: str, device: str, n: int = 4096, repeats: int = 3,
+                       budget_s: float = 10.0) -> Tuple[float, int]:
+    """The machine's matmul rate for ``dtype``: best of ``repeats`` ``n x n @ n x n``
+    products (``2 n^3`` FLOPs each), in GFLOP/s, after one warm-up product.
+
+    When a 512-sized probe shows that one ``n``-sized product would take more
+    than ``budget_s`` (a dtype without fast kernels on this machine, e.g. bf16
+    on an AVX2-only CPU), the side shrinks to fit the budget.
+
+    Returns:
+        (GFLOP/s, side of the matmul actually used)
+    """
+    def best_time(side: int, times: int) -> float:
+        a = torch.randn(side, side, device=device, dtype=TORCH_DTYPES[dtype])
+        b = torch.randn(side, side, device=device, dtype=TORCH_DTYPES[dtype])
+        best = float('inf')
+        with torch.inference_mode():
+            torch.matmul(a, b)
+            for _ in range(times):
+                sync(device)
+                t0 = time.perf_counter()
+                torch.matmul(a, b)
+                sync(device)
+                best = min(best, time.perf_counter() - t0)
+        return best
+
+    probe = min(n, 512)
+    rate = 2 * probe ** 3 / best_time(probe, 1)
+    while n > probe and 2 * n ** 3 / rate > budget_s:
+        n //= 2
+    return 2 * n ** 3 / best_time(n, repeats) / 1e9, n
+
+
+def _sdpa_flop_jit(inputs: list, outputs: list) -> int:
+    """Multiply-adds of ``scaled_dot_product_attention``: ``q k^T`` and ``attn v``."""
+    from mmengine.analysis.jit_handles import get_shape
+    q, k, v = (get_shape(t) for t in inputs[:3])
+    batch = math.prod(q[:-2])
+    return batch * q[-2] * k[-2] * (q[-1] + v[-1])
+
+
+#: (model name, H, W) -> multiply-adds of one image: counted once per model and size
+_MACS_CACHE: Dict[Tuple[str, int, int], Optional[int]] = {}
+
+
+def count_macs(name: str, model: nn.Module, size: Tuple[int, int]) -> Optional[int]:
+    """Multiply-adds of one forward of ``model`` on a batch-1 ``size`` image (cached).
+
+    mmengine's ``FlopAnalyzer`` traces the forward and counts matmuls,
+    convolutions, normalisations and (with the handle added here) fused
+    scaled-dot-product attention; elementwise ops are not counted.  None when
+    tracing fails (the row then has no GFLOP/s).
+    """
+    key = (name, *size)
+    if key not in _MACS_CACHE:
+        from mmengine.analysis import FlopAnalyzer
+        device = next(model.parameters()).device
+        try:
+            with torch.no_grad():
+                analyzer = FlopAnalyzer(model, (torch.randn(1, 3, *size, device=device), ))
+                analyzer.set_op_handle('aten::scaled_dot_product_attention', _sdpa_flop_jit)
+                analyzer.unsupported_ops_warnings(False)
+                analyzer.uncalled_modules_warnings(False)
+                _MACS_CACHE[key] = int(analyzer.total())
+        except Exception as err:  # noqa: BLE001  (a row without GFLOP/s is still a row)
+            print(f'  FLOPs of {name} at {size[1]}x{size[0]} not counted: {err}',
+                  file=sys.stderr)
+            _MACS_CACHE[key] = None
+    return _MACS_CACHE[key]
 
 
 def slope(points: List[Tuple[int, float]]) -> float:
@@ -241,6 +362,10 @@ def plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
+def _describe_slope(value: Optional[float]) -> str:
+    return 'n/a (one size)' if value is None else f'{value:.2f}'
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--compare', nargs='+', choices=sorted(COUNTERPARTS), default=[],
@@ -259,6 +384,12 @@ def main(argv=None) -> dict:
     parser.add_argument('--no-memory', action='store_true', help='skip peak-memory runs')
     parser.add_argument('--memory-sizes', nargs='+',
                         help='measure peak memory at these sizes only (default: all)')
+    parser.add_argument('--no-flops', action='store_true',
+                        help='skip the FLOP counts and the matmul peak (no GFLOP/s columns)')
+    parser.add_argument('--peak-size', type=int, default=4096,
+                        help='side of the square matmul that measures the peak GFLOP/s '
+                        '(halved while one product would take over 10 s)')
+    parser.add_argument('--peak-repeats', type=int, default=3)
     parser.add_argument('--out', default='work_dirs/benchmark', help='folder for JSON and PNG')
     parser.add_argument('--reference-dir',
                         help="the authors' models/ folder: enables the model 'authors_pvt_t'")
@@ -282,6 +413,13 @@ def main(argv=None) -> dict:
     def progress(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    peaks: Dict[str, float] = {}
+    peak_sizes: Dict[str, int] = {}
+    if not args.no_flops:
+        for dtype in args.dtypes:
+            peaks[dtype], peak_sizes[dtype] = matmul_peak_gflops(
+                dtype, device, args.peak_size, args.peak_repeats)
+            progress(f'matmul peak {dtype} ({peak_sizes[dtype]}^3): {peaks[dtype]:.1f} GFLOP/s')
     progress(f'building {len(specs)} model(s): {", ".join(specs)}')
     models = {}
     for spec in specs:
@@ -301,6 +439,11 @@ def main(argv=None) -> dict:
                                latency_ms=dict(median=med * 1e3, p25=p25 * 1e3,
                                                p75=p75 * 1e3, min=min(ts) * 1e3),
                                throughput_img_s=batch / med)
+                    macs = None if args.no_flops else count_macs(spec, models[spec], size)
+                    if macs is not None:
+                        row['gflop'] = 2 * macs * batch / 1e9  # one multiply-add = 2 FLOPs
+                        row['gflop_per_s'] = row['gflop'] / med
+                        row['peak_fraction'] = row['gflop_per_s'] / peaks[dtype]
                     if not args.no_memory and (memory_sizes is None or size in memory_sizes):
                         progress(f'  peak memory of {spec} at {size[1]}x{size[0]}')
                         row['peak_mem_mb'] = peak_memory_mb(spec, size, batch, dtype, device,
@@ -309,47 +452,76 @@ def main(argv=None) -> dict:
     results = dict(device=device, device_name=device_name, threads=args.threads,
                    torch=torch.__version__, warmup=args.warmup, repeats=args.repeats,
                    command=' '.join([osp.relpath(__file__)] + (argv or sys.argv[1:])),
-                   rows=rows, slopes={}, ratios=[])
-    # slopes of latency against pixels (>= 512x512 when such sizes exist)
-    for key in {(r['model'], r['batch'], r['dtype']) for r in rows}:
+                   flop_convention='gflop counts one multiply-add as 2 FLOPs',
+                   matmul_peak_gflop_per_s=peaks, matmul_peak_size=peak_sizes,
+                   rows=rows, slopes={}, ratios=[], dtype_ratios=[])
+    # slopes of latency against pixels (>= 512x512 when such sizes exist); None with one size
+    for key in sorted({(r['model'], r['batch'], r['dtype']) for r in rows}):
         pts = [(r['pixels'], r['latency_ms']['median']) for r in rows
                if (r['model'], r['batch'], r['dtype']) == key]
         big = [p for p in pts if p[0] >= 512 * 512]
-        results['slopes']['/'.join(map(str, key))] = slope(big if len(big) >= 2 else pts)
-    if args.compare:
-        for fam in args.compare:
-            inline, softmax = COUNTERPARTS[fam]
-            if softmax is None:
+        pts = big if len(big) >= 2 else pts
+        value = slope(pts) if len({p for p, _ in pts}) >= 2 else None
+        results['slopes']['/'.join(map(str, key))] = value
+
+    def twin(row: dict, **change) -> Optional[dict]:
+        want = {k: row[k] for k in ('model', 'pixels', 'batch', 'dtype')}
+        want.update(change)
+        return next((x for x in rows if all(x[k] == v for k, v in want.items())), None)
+
+    for fam in args.compare:
+        inline, softmax = COUNTERPARTS[fam]
+        if softmax is None:
+            continue
+        for r in rows:
+            s = twin(r, model=softmax) if r['model'] == inline else None
+            if s is None:
                 continue
-            for r in rows:
-                if r['model'] != inline:
-                    continue
-                s = [x for x in rows if x['model'] == softmax and x['pixels'] == r['pixels']
-                     and x['batch'] == r['batch'] and x['dtype'] == r['dtype']][0]
-                ratio = dict(family=fam, size=f"{r['width']}x{r['height']}", batch=r['batch'],
-                             dtype=r['dtype'],
-                             latency=r['latency_ms']['median'] / s['latency_ms']['median'])
-                if 'peak_mem_mb' in r:
-                    ratio['memory'] = r['peak_mem_mb'] / max(s['peak_mem_mb'], 1e-9)
-                results['ratios'].append(ratio)
+            ratio = dict(family=fam, size=f"{r['width']}x{r['height']}", batch=r['batch'],
+                         dtype=r['dtype'],
+                         latency=r['latency_ms']['median'] / s['latency_ms']['median'])
+            if 'peak_mem_mb' in r and 'peak_mem_mb' in s:
+                ratio['memory'] = r['peak_mem_mb'] / max(s['peak_mem_mb'], 1e-9)
+            results['ratios'].append(ratio)
+    for r in rows:  # reduced precision against fp32, same model, size and batch
+        base = twin(r, dtype='fp32') if r['dtype'] != 'fp32' else None
+        if base is not None:
+            results['dtype_ratios'].append(dict(
+                model=r['model'], size=f"{r['width']}x{r['height']}", batch=r['batch'],
+                dtype=r['dtype'],
+                latency=r['latency_ms']['median'] / base['latency_ms']['median']))
     os.makedirs(args.out, exist_ok=True)
     with open(osp.join(args.out, 'benchmark.json'), 'w') as f:
         json.dump(results, f, indent=2)
     plot(results, osp.join(args.out, 'benchmark.png'))
 
+    def cell(value: Optional[float], width: int, scale: float = 1.0) -> str:
+        return f'{value * scale:{width}.1f}' if value is not None else f'{"-":>{width}s}'
+
+    if peaks:
+        print(f'matmul peak ({args.threads} threads): ' + ', '.join(
+            f'{d} {v:.1f} GFLOP/s ({peak_sizes[d]}^3)' for d, v in peaks.items()))
     print(f"{'model':18s} {'size':>10s} {'b':>2s} {'dtype':>5s} {'median ms':>10s} "
-          f"{'p25-p75 ms':>15s} {'img/s':>8s} {'peak MB':>8s}")
+          f"{'p25-p75 ms':>15s} {'img/s':>8s} {'GFLOP':>7s} {'GFLOP/s':>8s} {'% peak':>6s} "
+          f"{'peak MB':>8s}")
     for r in rows:
         lat = r['latency_ms']
         print(f"{r['model']:18s} {r['width']:>5d}x{r['height']:<4d} {r['batch']:>2d} "
               f"{r['dtype']:>5s} {lat['median']:10.1f} {lat['p25']:7.1f}-{lat['p75']:<7.1f} "
-              f"{r['throughput_img_s']:8.2f} {r.get('peak_mem_mb', float('nan')):8.1f}")
+              f"{r['throughput_img_s']:8.2f} {cell(r.get('gflop'), 7)} "
+              f"{cell(r.get('gflop_per_s'), 8)} {cell(r.get('peak_fraction'), 6, 100)} "
+              f"{cell(r.get('peak_mem_mb'), 8)}")
     for ratio in results['ratios']:
         mem = f", memory {ratio['memory']:.2f}x" if 'memory' in ratio else ''
-        print(f"InLine/softmax {ratio['family']:5s} {ratio['size']:>10s}: latency "
-              f"{ratio['latency']:.2f}x{mem}")
-    for key, value in sorted(results['slopes'].items()):
-        print(f'log-log slope of latency vs pixels, {key}: {value:.2f}')
+        print(f"InLine/softmax {ratio['family']:5s} {ratio['size']:>10s} b{ratio['batch']} "
+              f"{ratio['dtype']}: latency {ratio['latency']:.2f}x{mem}")
+    for ratio in results['dtype_ratios']:
+        print(f"{ratio['dtype']}/fp32 {ratio['model']:18s} {ratio['size']:>10s} "
+              f"b{ratio['batch']}: latency {ratio['latency']:.2f}x")
+    for key, value in results['slopes'].items():
+        model, batch, dtype = key.rsplit('/', 2)  # config paths contain '/'
+        print(f'log-log slope of latency vs pixels, {model} b{batch} {dtype}: '
+              f'{_describe_slope(value)}')
     print(f"wrote {osp.join(args.out, 'benchmark.json')} and benchmark.png")
     return results
 

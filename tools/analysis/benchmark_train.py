@@ -2,17 +2,28 @@
 """Time of one training iteration of a detector, InLine backbone against softmax.
 
     python tools/analysis/benchmark_train.py                       # Mask R-CNN, PVT-T pair
-    python tools/analysis/benchmark_train.py CONFIG --softmax-backbone mmdet_pvt_t \\
-        --size 800x800 --batch-size 2 --repeats 5 --out work_dirs/benchmark_train.json
+    python tools/analysis/benchmark_train.py CONFIG --size 800x800 --batch-size 2 \\
+        --dtypes fp32 bf16 --repeats 5 --out work_dirs/benchmark_train.json
 
 One iteration is mmengine's ``model.train_step``: data preprocessing, forward
 with losses, backward and the optimiser step of the config's ``optim_wrapper``.
 The detector of ``CONFIG`` runs once with its own backbone and once with the
-softmax counterpart in its place (same neck, heads, optimiser, data), the two
+softmax counterpart in its place (same neck, heads, optimiser, data), all runs
 interleaved round by round after ``--warmup`` iterations each, on one
 synthetic batch of ``--batch-size`` images with random boxes and masks (the
-same batch for both).  Prints the median time per iteration (with the 25-75 %
-spread) and the InLine / softmax ratio; ``--out`` writes them as JSON.
+same batch for all).  The counterpart follows the config's backbone
+(``--softmax-backbone auto``): mmdet's ``PyramidVisionTransformer`` with the
+depths and widths of an ``InLinePVT``, mmdet's ``SwinTransformer`` with those
+of an ``InLineSwin``.
+
+``--dtypes fp32 bf16`` times each detector in both precisions: ``bf16`` is
+what ``tools/train.py --amp`` does without a GPU
+(``CPUAutocastOptimWrapper`` with ``parts=('backbone', 'neck')``: backbone
+and neck under bf16 autocast, heads, losses and mmcv's ops in fp32).
+
+Prints the median time per iteration (with the 25-75 % spread), the InLine /
+softmax ratio per dtype and the bf16 / fp32 ratio per backbone; ``--out``
+writes them as JSON.
 """
 import argparse
 import copy
@@ -21,7 +32,7 @@ import os
 import os.path as osp
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -33,6 +44,7 @@ from mmengine.optim import build_optim_wrapper  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 
 from benchmark import MMDET_BACKBONES, parse_size, quartiles  # noqa: E402  (same folder)
+from inline_mm.engine.amp import configure_amp  # noqa: E402
 from inline_mm.engine.runner_utils import task_of  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py')
@@ -42,16 +54,63 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('config', nargs='?', default=DEFAULT_CONFIG,
                         help='detector config with an InLine backbone')
-    parser.add_argument('--softmax-backbone', default='mmdet_pvt_t',
-                        choices=sorted(MMDET_BACKBONES))
+    parser.add_argument('--softmax-backbone', default='auto',
+                        choices=['auto', 'none'] + sorted(MMDET_BACKBONES),
+                        help="softmax backbone put in place of the InLine one: 'auto' (the "
+                        "counterpart of the config's backbone), a name, or 'none' (time the "
+                        "config's model only)")
     parser.add_argument('--size', default='800x800', help='W x H (or S) of every image')
     parser.add_argument('--batch-size', type=int, default=2)
     parser.add_argument('--objects', type=int, default=8, help='ground-truth objects per image')
+    parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'bf16'],
+                        help='bf16: backbone and neck under CPU bf16 autocast (as --amp)')
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=2)
     parser.add_argument('--out', help='write the figures as JSON')
     return parser.parse_args(argv)
+
+
+_ARCH_LETTER = {'tiny': 't', 'small': 's', 'medium': 'm', 'large': 'l', 'base': 'b'}
+
+
+def softmax_counterpart(backbone: dict) -> Tuple[str, dict]:
+    """The softmax backbone that takes an InLine backbone's place: (name, mmdet config).
+
+    Same stages, depths and output widths, so the config's neck fits it:
+    ``InLinePVT`` -> mmdet's ``PyramidVisionTransformer`` (PVT's 64-channel
+    heads, spatial-reduction attention), ``InLineSwin`` -> mmdet's
+    ``SwinTransformer`` (windows of 7).  ``InLinePVT(tiny)`` gives
+    ``mmdet_pvt_t``, ``InLineSwin(tiny)`` ``mmdet_swin_t``.
+
+    Raises:
+        ValueError: the backbone has no softmax counterpart in mmdet.
+    """
+    import inline_mm
+    from inline_mm.models.backbones.base import resolve_arch
+    kind = str(backbone.get('type', '')).split('.')[-1]
+    classes = {'InLinePVT': inline_mm.InLinePVT, 'InLineSwin': inline_mm.InLineSwin}
+    if kind not in classes:
+        raise ValueError(f'no softmax counterpart of {kind or backbone!r} in mmdet (InLinePVT '
+                         f'and InLineSwin have one): pass --softmax-backbone NAME or none')
+    cls = classes[kind]
+    arch = backbone.get('arch', 'tiny')
+    keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
+    arch_cfg = resolve_arch(kind, arch, cls.arch_settings,
+                            {k: backbone.get(k) for k in keys if k in backbone})
+    suffix = _ARCH_LETTER.get(arch, 'custom') if isinstance(arch, str) else 'custom'
+    out_indices = list(backbone.get('out_indices', (0, 1, 2, 3)))
+    if kind == 'InLinePVT':
+        dims = list(arch_cfg['embed_dims'])
+        return f'mmdet_pvt_{suffix}', dict(
+            type='mmdet.PyramidVisionTransformer', num_layers=list(arch_cfg['depths']),
+            embed_dims=dims[0], num_heads=[d // 64 for d in dims],  # PVT: 64 channels a head
+            mlp_ratios=list(arch_cfg['mlp_ratios']), qkv_bias=True, out_indices=out_indices,
+            init_cfg=None)
+    return f'mmdet_swin_{suffix}', dict(
+        type='mmdet.SwinTransformer', embed_dims=arch_cfg['embed_dims'],
+        depths=list(arch_cfg['depths']), num_heads=list(arch_cfg['num_heads']),
+        window_size=7, out_indices=out_indices, init_cfg=None)
 
 
 def synthetic_batch(size, batch_size: int, objects: int, num_classes: int) -> dict:
@@ -84,7 +143,15 @@ def build(cfg: Config):
     model = MODELS.build(cfg.model)
     model.init_weights()
     model.train()
-    return model, build_optim_wrapper(model, cfg.optim_wrapper)
+    return model
+
+
+def optim_wrapper_for(model, cfg: Config, dtype: str):
+    """The config's optimiser wrapper, or for ``bf16`` the one ``--amp`` sets up on the CPU."""
+    cfg = copy.deepcopy(cfg)
+    if dtype == 'bf16':
+        configure_amp(cfg, 'mmdet', device='cpu')
+    return build_optim_wrapper(model, cfg.optim_wrapper)
 
 
 def main(argv=None) -> dict:
@@ -99,37 +166,72 @@ def main(argv=None) -> dict:
     MMLogger.get_instance('mmengine', log_level='WARNING')
     h, w = parse_size(args.size)
     cfg.model.backbone.init_cfg = None
-    softmax_cfg = copy.deepcopy(cfg)
-    softmax_cfg.model.backbone = copy.deepcopy(MMDET_BACKBONES[args.softmax_backbone])
     inline_name = f"{cfg.model.backbone.type}({cfg.model.backbone.get('arch', '')})"
-    models = {inline_name: build(cfg), args.softmax_backbone: build(softmax_cfg)}
+    backbones = {inline_name: cfg}
+    softmax_name = None
+    if args.softmax_backbone != 'none':
+        if args.softmax_backbone == 'auto':
+            softmax_name, softmax_backbone = softmax_counterpart(cfg.model.backbone)
+        else:
+            softmax_name = args.softmax_backbone
+            softmax_backbone = copy.deepcopy(MMDET_BACKBONES[softmax_name])
+        softmax_cfg = copy.deepcopy(cfg)
+        softmax_cfg.model.backbone = softmax_backbone
+        backbones[softmax_name] = softmax_cfg
+    # one model per backbone; each dtype has its own optimiser wrapper (and state) on it
+    runs = {}
+    for name, model_cfg in backbones.items():
+        model = build(model_cfg)
+        for dtype in args.dtypes:
+            key = name if dtype == 'fp32' else f'{name} ({dtype})'
+            runs[key] = (name, dtype, model, optim_wrapper_for(model, model_cfg, dtype))
     data = synthetic_batch((h, w), args.batch_size, args.objects,
                            cfg.model.roi_head.bbox_head.num_classes)
 
-    times: Dict[str, List[float]] = {name: [] for name in models}
-    for name, (model, optim) in models.items():
+    times: Dict[str, List[float]] = {key: [] for key in runs}
+    for key, (_, _, model, optim) in runs.items():
         for _ in range(args.warmup):
             model.train_step(data, optim)
-    for r in range(args.repeats):  # interleaved: one iteration of every model per round
-        for name, (model, optim) in models.items():
+    for r in range(args.repeats):  # interleaved: one iteration of every run per round
+        for key, (_, _, model, optim) in runs.items():
             t0 = time.perf_counter()
             model.train_step(data, optim)
-            times[name].append(time.perf_counter() - t0)
+            times[key].append(time.perf_counter() - t0)
         print(f'round {r + 1}/{args.repeats}: ' + ', '.join(
             f'{n} {t[-1]:.2f} s' for n, t in times.items()), flush=True)
 
     rows = {}
-    for name, ts in times.items():
+    for key, ts in times.items():
         median, p25, p75 = quartiles(ts)
-        rows[name] = dict(median_s=median, p25_s=p25, p75_s=p75, times_s=ts)
-    ratio = rows[inline_name]['median_s'] / rows[args.softmax_backbone]['median_s']
+        name, dtype = runs[key][:2]
+        rows[key] = dict(backbone=name, dtype=dtype, median_s=median, p25_s=p25, p75_s=p75,
+                         times_s=ts)
+
+    def row(name: str, dtype: str) -> dict:
+        return rows[name if dtype == 'fp32' else f'{name} ({dtype})']
+
+    ratios = {}  # InLine / softmax, per dtype
+    dtype_ratios = {}  # bf16 / fp32, per backbone
+    for dtype in args.dtypes:
+        if softmax_name is not None:
+            ratios[dtype] = row(inline_name, dtype)['median_s'] / \
+                row(softmax_name, dtype)['median_s']
+        if dtype != 'fp32' and 'fp32' in args.dtypes:
+            for name in backbones:
+                dtype_ratios[f'{name} {dtype}/fp32'] = row(name, dtype)['median_s'] / \
+                    row(name, 'fp32')['median_s']
     result = dict(config=args.config, size=[h, w], batch_size=args.batch_size,
-                  threads=args.threads, device='cpu', rows=rows, ratio=ratio)
+                  threads=args.threads, device='cpu', dtypes=args.dtypes,
+                  softmax_backbone=softmax_name, rows=rows,
+                  ratio=ratios.get(args.dtypes[0]), ratios=ratios, dtype_ratios=dtype_ratios)
     print(f'\none training iteration, batch {args.batch_size} at {w}x{h}, '
           f'{args.threads} threads (median, 25-75 %):')
-    for name, row in rows.items():
-        print(f"  {name:<24} {row['median_s']:.2f} s  ({row['p25_s']:.2f}-{row['p75_s']:.2f})")
-    print(f'  ratio InLine / softmax: {ratio:.2f}')
+    for key, r in rows.items():
+        print(f"  {key:<30} {r['median_s']:.2f} s  ({r['p25_s']:.2f}-{r['p75_s']:.2f})")
+    for dtype, value in ratios.items():
+        print(f'  ratio InLine / softmax, {dtype}: {value:.2f}')
+    for what, value in dtype_ratios.items():
+        print(f'  ratio {what}: {value:.2f}')
     if args.out:
         os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
         with open(args.out, 'w') as f:

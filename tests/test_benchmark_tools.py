@@ -1,0 +1,162 @@
+"""tools/analysis/benchmark.py and benchmark_train.py: dtypes, GFLOP/s, whole models."""
+import json
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from conftest import REPO_ROOT
+from mmengine.config import Config
+
+sys.path.insert(0, os.path.join(REPO_ROOT, 'tools', 'analysis'))
+import benchmark  # noqa: E402
+import benchmark_train  # noqa: E402
+
+DET_TOY = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
+SEG_TOY = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')
+SWIN_T = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-swin-t_fpn_1x_coco.py')
+CSWIN_T = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-cswin-t_fpn_1x_coco.py')
+FAST = ['--warmup', '0', '--repeats', '1', '--threads', '1', '--no-memory',
+        '--peak-size', '256', '--peak-repeats', '1']
+
+
+def summary_lines(text: str):
+    return [line for line in text.splitlines()
+            if line.startswith(('InLine/softmax', 'bf16/fp32', 'log-log slope'))]
+
+
+def test_benchmark_bf16_rows_gflops_and_named_summaries(tmp_path, capsys):
+    results = benchmark.main(['--compare', 'pvt', '--dtypes', 'fp32', 'bf16', '--sizes', '64',
+                              '--out', str(tmp_path)] + FAST)
+    out = capsys.readouterr().out
+    rows = results['rows']
+    assert {(r['model'], r['dtype']) for r in rows} == {
+        (m, d) for m in ('inline_pvt_t', 'mmdet_pvt_t') for d in ('fp32', 'bf16')}
+    peaks = results['matmul_peak_gflop_per_s']
+    assert set(peaks) == {'fp32', 'bf16'} and min(peaks.values()) > 0
+    for r in rows:
+        assert r['gflop'] > 0 and r['gflop_per_s'] > 0
+        assert r['peak_fraction'] == pytest.approx(r['gflop_per_s'] / peaks[r['dtype']])
+    # FLOPs are counted once per model and size: the same for both dtypes
+    for model in ('inline_pvt_t', 'mmdet_pvt_t'):
+        assert len({r['gflop'] for r in rows if r['model'] == model}) == 1
+    # one size: no slope, said so instead of 'nan'
+    assert set(results['slopes'].values()) == {None}
+    assert 'nan' not in out and out.count('n/a (one size)') == 4
+    # every line of the summaries names its dtype
+    lines = summary_lines(out)
+    assert len(lines) == 2 + 2 + 4  # InLine/softmax per dtype, bf16/fp32 per model, slopes
+    assert all(('fp32' in line) != ('bf16' in line) or line.startswith('bf16/fp32')
+               for line in lines)
+    assert sum('bf16' in line for line in lines if line.startswith('InLine')) == 1
+    assert {r['model'] for r in results['dtype_ratios']} == {'inline_pvt_t', 'mmdet_pvt_t'}
+    data = json.loads((tmp_path / 'benchmark.json').read_text())
+    assert data['slopes'] == results['slopes'] and data['dtype_ratios']
+
+
+def test_slope_printed_with_two_sizes(tmp_path, capsys):
+    benchmark.main(['--models', 'inline_pvt_t', '--sizes', '64', '96', '--no-flops',
+                    '--out', str(tmp_path)] + FAST[:-4])
+    lines = summary_lines(capsys.readouterr().out)
+    assert len(lines) == 1 and 'inline_pvt_t b1 fp32' in lines[0]
+    assert float(lines[0].rsplit(':', 1)[1]) > 0
+
+
+@pytest.mark.parametrize('config', [DET_TOY, SEG_TOY])
+def test_benchmark_runs_whole_models_from_configs(config, tmp_path):
+    results = benchmark.main(['--config', config, '--dtypes', 'fp32', 'bf16',
+                              '--sizes', '96x64', '--out', str(tmp_path)] + FAST)
+    assert [r['dtype'] for r in results['rows']] == ['fp32', 'bf16']
+    assert all(r['latency_ms']['median'] > 0 and r['gflop'] > 0 for r in results['rows'])
+
+
+def test_whole_detector_bf16_autocasts_backbone_and_neck_only():
+    model = benchmark.build_from_config(DET_TOY).eval()
+    inner, roi_in = [], []
+    model.model.backbone.block1[0].attn.q.register_forward_hook(
+        lambda m, a, o: inner.append(o.dtype))
+    model.model.roi_head.bbox_roi_extractor.register_forward_pre_hook(
+        lambda m, args: roi_in.append({f.dtype for f in args[0]}))
+    with torch.inference_mode(), benchmark.precision(model, 'bf16', 'cpu'):
+        model(torch.randn(1, 3, 64, 96))
+    with torch.inference_mode(), benchmark.precision(model, 'fp32', 'cpu'):
+        model(torch.randn(1, 3, 64, 96))
+    assert inner == [torch.bfloat16, torch.float32]
+    assert roi_in == [{torch.float32}, {torch.float32}]
+
+
+class _Attention(nn.Module):
+    def forward(self, x):  # x: (B, heads, N, d)
+        return F.scaled_dot_product_attention(x, x, x)
+
+
+def test_flop_count_includes_fused_attention():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 1, bias=False)
+            self.attn = _Attention()
+
+        def forward(self, x):
+            y = self.conv(x).flatten(2).transpose(1, 2)  # (1, N, 8)
+            return self.attn(y.reshape(1, -1, 2, 4).transpose(1, 2))  # 2 heads of 4
+
+    n = 6 * 5
+    macs = benchmark.count_macs('sdpa-test', Net(), (6, 5))
+    assert macs == n * 3 * 8 + 2 * n * n * (4 + 4)  # 1x1 conv + q k^T and attn v per head
+
+
+def test_matmul_peak_is_positive_and_shrinks_to_its_time_budget():
+    rate, side = benchmark.matmul_peak_gflops('fp32', 'cpu', n=128, repeats=1)
+    assert rate > 0 and side == 128
+    rate, side = benchmark.matmul_peak_gflops('bf16', 'cpu', n=8192, repeats=1, budget_s=0.5)
+    assert rate > 0 and 512 <= side < 8192
+
+
+def test_softmax_counterpart_follows_the_backbone():
+    name, pvt = benchmark_train.softmax_counterpart(dict(type='InLinePVT', arch='tiny'))
+    assert name == 'mmdet_pvt_t'
+    expected = dict(benchmark.MMDET_BACKBONES['mmdet_pvt_t'], out_indices=[0, 1, 2, 3])
+    assert pvt == expected
+    name, pvt_s = benchmark_train.softmax_counterpart(dict(type='InLinePVT', arch='small'))
+    assert name == 'mmdet_pvt_s' and pvt_s['num_layers'] == [3, 4, 6, 3]
+    name, swin = benchmark_train.softmax_counterpart(Config.fromfile(SWIN_T).model.backbone)
+    assert name == 'mmdet_swin_t'
+    assert swin == dict(benchmark.MMDET_BACKBONES['mmdet_swin_t'], out_indices=[0, 1, 2, 3])
+    with pytest.raises(ValueError, match='no softmax counterpart'):
+        benchmark_train.softmax_counterpart(Config.fromfile(CSWIN_T).model.backbone)
+
+
+def test_bf16_training_runs_use_the_backbone_neck_autocast():
+    cfg = Config.fromfile(DET_TOY)
+    model = nn.Linear(2, 2)
+    fp32 = benchmark_train.optim_wrapper_for(model, cfg, 'fp32')
+    bf16 = benchmark_train.optim_wrapper_for(model, cfg, 'bf16')
+    assert type(fp32).__name__ == 'OptimWrapper'
+    assert type(bf16).__name__ == 'CPUAutocastOptimWrapper'
+    assert bf16.parts == ('backbone', 'neck') and bf16.cast_dtype == torch.bfloat16
+    assert cfg.optim_wrapper.get('type', 'OptimWrapper') == 'OptimWrapper'  # not changed
+
+
+def test_training_benchmark_fp32_and_bf16(tmp_path):
+    out = tmp_path / 'train.json'
+    result = benchmark_train.main([DET_TOY, '--size', '96x64', '--batch-size', '1',
+                                   '--objects', '2', '--dtypes', 'fp32', 'bf16',
+                                   '--warmup', '0', '--repeats', '1', '--threads', '1',
+                                   '--out', str(out)])
+    assert set(result['rows']) == {'InLinePVT(tiny)', 'InLinePVT(tiny) (bf16)', 'mmdet_pvt_t',
+                                   'mmdet_pvt_t (bf16)'}
+    assert set(result['ratios']) == {'fp32', 'bf16'} and result['ratio'] == result['ratios']['fp32']
+    assert set(result['dtype_ratios']) == {'InLinePVT(tiny) bf16/fp32', 'mmdet_pvt_t bf16/fp32'}
+    assert json.loads(out.read_text())['softmax_backbone'] == 'mmdet_pvt_t'
+
+
+@pytest.mark.slow
+def test_training_benchmark_of_a_swin_config_uses_mmdet_swin():
+    result = benchmark_train.main([SWIN_T, '--size', '128', '--batch-size', '1',
+                                   '--objects', '1', '--warmup', '0', '--repeats', '1',
+                                   '--threads', '1'])
+    assert set(result['rows']) == {'InLineSwin(tiny)', 'mmdet_swin_t'}
+    assert result['ratio'] > 0
