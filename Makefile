@@ -3,13 +3,22 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test demo demo-seg lint clean
+.PHONY: install test test-fast test-compat demo demo-seg lint clean
 
 install:
 	@bash scripts/install.sh
 
+# the whole suite (what CI runs)
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# everything but the end-to-end runs marked slow (training, multi-process, exports)
+test-fast: install
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# the model-level tests on the oldest supported stack, in .venv-compat (not in CI)
+test-compat:
+	@bash scripts/test_compat.sh
 
 demo: install
 	$(PY) tools/demo.py --task det

@@ -5,17 +5,27 @@
   ``HistoryBuffer``, numpy arrays and scalars) and so cannot ``--resume``.
   :func:`allow_mmengine_checkpoints` allow-lists exactly those types; any other
   pickled object is still refused.
+* :func:`load_checkpoint_file` reads the files the authors' training scripts
+  write (weights beside the optimiser / scheduler / scaler state, a yacs
+  ``CfgNode`` config or an argparse ``Namespace``, EMA weights), with yacs not
+  installed and without arbitrary unpickling: a short allow-list of benign
+  classes, by their pickled name, is read as plain dicts; anything else is
+  refused with a message naming the class and the file.
 * :func:`load_pretrained` loads an authors' / inline-mm / mmdet / mmseg
   checkpoint into a backbone, resizing position tables, and logs one summary.
 """
+import argparse
 import logging
 import os
 import pickle
-from typing import Dict, List, Optional, Tuple
+import re
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from .errors import CheckpointError, MissingFileError
 
 StateDict = Dict[str, Tensor]
 
@@ -50,25 +60,177 @@ def _mmengine_checkpoint_types() -> List[object]:
 
 
 def allow_mmengine_checkpoints() -> None:
-    """Allow-list the types mmengine's own runner checkpoints contain."""
-    torch.serialization.add_safe_globals(_mmengine_checkpoint_types())
+    """Allow-list the types mmengine's own runner checkpoints contain.
+
+    Needed from torch 2.6 on, where ``torch.load`` defaults to
+    ``weights_only=True``; older torch loads them as it is (mmengine passes no
+    ``weights_only``).
+    """
+    if _TORCH_NAMED_SAFE_GLOBALS:
+        torch.serialization.add_safe_globals(_mmengine_checkpoint_types())
+
+
+class _ConfigNode(dict):
+    """What a pickled yacs ``CfgNode`` is read as: the dict of its entries.
+
+    yacs pickles a ``CfgNode`` (a dict subclass) as its items plus its own
+    flags (immutability, deprecated / renamed keys) as instance state; the
+    flags mean nothing without yacs and are dropped.
+    """
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
+class _Namespace:
+    """What a pickled ``argparse.Namespace`` is read as (its attributes, then a dict)."""
+
+    def __setstate__(self, state: Any) -> None:
+        self.__dict__.update(state if isinstance(state, dict) else {})
+
+
+#: Classes besides tensors and containers that the authors' training scripts
+#: pickle (their ``save_checkpoint`` stores the yacs config; timm-style scripts
+#: store the argparse arguments), by pickled name, with what they are read as.
+#: Optimiser, LR-scheduler and grad-scaler states are plain dicts of numbers
+#: and tensors and need nothing.
+AUTHOR_CHECKPOINT_GLOBALS: Dict[str, type] = {
+    'yacs.config.CfgNode': _ConfigNode,
+    'argparse.Namespace': _Namespace,
+}
+
+
+def _plain(obj: Any) -> Any:
+    """Replace the stand-ins of :data:`AUTHOR_CHECKPOINT_GLOBALS` by plain dicts.
+
+    Containers without a stand-in are returned as they are (state dicts keep
+    their class and ``_metadata``).
+    """
+    if isinstance(obj, _Namespace):
+        return {k: _plain(v) for k, v in vars(obj).items()}
+    if isinstance(obj, dict):
+        items = {k: _plain(v) for k, v in obj.items()}
+        if type(obj) is _ConfigNode:
+            return items
+        if any(items[k] is not v for k, v in obj.items()):
+            return type(obj)(items)
+        return obj
+    if type(obj) in (list, tuple):
+        items = [_plain(v) for v in obj]
+        return type(obj)(items) if any(a is not b for a, b in zip(items, obj)) else obj
+    return obj
+
+
+def _unsafe_globals(path: str, err: Exception) -> List[str]:
+    """The pickled classes / functions that made a ``weights_only`` load refuse ``path``."""
+    names: List[str] = []
+    finder = getattr(torch.serialization, 'get_unsafe_globals_in_checkpoint', None)
+    if finder is not None:
+        try:
+            names = [n for n in finder(path) if n not in AUTHOR_CHECKPOINT_GLOBALS]
+        except Exception:  # not a zip checkpoint: fall back on the error message
+            names = []
+    if not names:
+        names = re.findall(r'GLOBAL ([\w.]+)', str(err)) or \
+            re.findall(r'unrecognized function ([\w.<> ]+)', str(err))
+    return sorted(set(names))
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    version = tuple(int(v) for v in re.findall(r'\d+', torch.__version__)[:2])
+    return version >= (major, minor)
+
+
+#: torch accepts ``(class, 'pickled.name')`` pairs in ``safe_globals`` from 2.6 on
+_TORCH_NAMED_SAFE_GLOBALS = _torch_at_least(2, 6)
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """For torch < 2.6: an unpickler that resolves only allow-listed globals.
+
+    The allow-list is torch's own ``weights_only`` list plus
+    :data:`AUTHOR_CHECKPOINT_GLOBALS`; any other class or function is refused
+    before it is imported, as ``weights_only=True`` does.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        from torch import _weights_only_unpickler
+        full = f'{module}.{name}'
+        allowed = AUTHOR_CHECKPOINT_GLOBALS.get(full) or \
+            _weights_only_unpickler._get_allowed_globals().get(full)
+        if allowed is None:
+            raise pickle.UnpicklingError(f'Unsupported global: GLOBAL {full}')
+        return allowed
+
+
+class _RestrictedPickleModule:
+    """The ``pickle_module`` torch.load uses with :class:`_RestrictedUnpickler`."""
+
+    Unpickler = _RestrictedUnpickler
+    __name__ = 'inline_mm_restricted_pickle'
+
+    @staticmethod
+    def load(file: Any, **kwargs: Any) -> Any:
+        return _RestrictedUnpickler(file, **kwargs).load()
+
+
+def _load_restricted(path: str) -> Any:
+    """``torch.load(weights_only=True)`` that also reads :data:`AUTHOR_CHECKPOINT_GLOBALS`.
+
+    On torch >= 2.6 the stand-ins are allowed under their pickled names for
+    this load only (``torch.serialization.safe_globals``); nothing else is
+    added to what ``weights_only`` accepts.  Older torch cannot allow a class
+    under another name, so the same allow-list is enforced by
+    :class:`_RestrictedUnpickler` (torch's own list plus the stand-ins).
+    """
+    if _TORCH_NAMED_SAFE_GLOBALS:
+        allowed = [(cls, name) for name, cls in AUTHOR_CHECKPOINT_GLOBALS.items()]
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location='cpu', weights_only=True)
+    return torch.load(path, map_location='cpu', weights_only=False,
+                      pickle_module=_RestrictedPickleModule)
 
 
 def load_checkpoint_file(path: str) -> dict:
-    """``torch.load(path, weights_only=True)`` with errors that name the file."""
+    """Read a checkpoint safely: ``weights_only`` plus the authors' config objects.
+
+    Accepts what ``torch.load(path, weights_only=True)`` accepts, and the
+    files the authors' training scripts write (see
+    :data:`AUTHOR_CHECKPOINT_GLOBALS`; a yacs ``CfgNode`` or argparse
+    ``Namespace`` comes back as a plain dict).  yacs need not be installed.
+
+    Raises:
+        MissingFileError: ``path`` does not exist.
+        CheckpointError: the file holds another pickled class or function
+            (named in the message, nothing of it is run), or it is not a
+            readable PyTorch checkpoint.
+    """
     if not os.path.isfile(path):
-        raise FileNotFoundError(
-            f'checkpoint file not found: {path!r}. Download the authors\' ImageNet weights '
-            f'into checkpoints/ (see README) or fix init_cfg.checkpoint')
+        raise MissingFileError(f'checkpoint file not found: {path!r}')
     try:
-        return torch.load(path, map_location='cpu', weights_only=True)
+        checkpoint = _load_restricted(path)
     except pickle.UnpicklingError as err:
-        raise RuntimeError(
-            f'refused to load {path!r}: it holds objects that are not plain tensors / '
-            f'containers, and checkpoints are loaded with weights_only=True. ({err})') from err
-    except Exception as err:  # truncated or non-checkpoint files
-        raise RuntimeError(f'cannot read checkpoint {path!r}: the file is corrupt or not a '
-                           f'PyTorch checkpoint ({type(err).__name__}: {err})') from err
+        unsafe = _unsafe_globals(path, err)
+        if unsafe:
+            raise CheckpointError(
+                f'refused to load {path!r}: it pickles {", ".join(unsafe)}, which is not a '
+                f'tensor, a container or a known-benign class, and unpickling it could run '
+                f'code. If you trust the file, re-save its weights alone where it was written: '
+                f"torch.save({{'model': ckpt['model']}}, 'weights.pth')") from None
+        raise CheckpointError(f'cannot read checkpoint {path!r}: it is not a PyTorch '
+                              f'checkpoint or it is corrupt ({_first_line(err)})') from None
+    except Exception as err:  # truncated zip, text file, wrong format ...
+        raise CheckpointError(f'cannot read checkpoint {path!r}: the file is corrupt or not a '
+                              f'PyTorch checkpoint ({type(err).__name__}: '
+                              f'{_first_line(err)})') from None
+    return _plain(checkpoint)
+
+
+def _first_line(err: Exception) -> str:
+    """The first line of an error, without torch's advice to disable ``weights_only``."""
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return re.sub(r'\s*\(?[^.]*weights_only=False[^.]*\.?\)?', '', text).strip() or \
+        type(err).__name__
 
 
 def extract_state_dict(checkpoint: dict, state_dict_key: Optional[str] = None,
@@ -81,11 +243,11 @@ def extract_state_dict(checkpoint: dict, state_dict_key: Optional[str] = None,
     when such keys exist) only those keys are kept, without the prefix.
     """
     if not isinstance(checkpoint, dict):
-        raise TypeError(f'a checkpoint is a dict, got {type(checkpoint).__name__}')
+        raise CheckpointError(f'a checkpoint is a dict, got {type(checkpoint).__name__}')
     if state_dict_key is not None:
         if state_dict_key not in checkpoint:
-            raise KeyError(f'state_dict_key {state_dict_key!r} not in the checkpoint; it has '
-                           f'{sorted(k for k in checkpoint if isinstance(k, str))}')
+            raise CheckpointError(f'state_dict_key {state_dict_key!r} not in the checkpoint; it has '
+                                  f'{sorted(k for k in checkpoint if isinstance(k, str))}')
         state_dict = checkpoint[state_dict_key]
     else:
         for key in ('state_dict', 'model', 'module'):
@@ -132,10 +294,10 @@ def adapt_to_model(state_dict: StateDict, model: nn.Module) -> Tuple[StateDict, 
             out[key] = resize_rel_pos_bias_table(value, new_window_size=window,
                                                  new_bias_shape=tuple(target.shape))
         else:
-            raise ValueError(f'checkpoint tensor {key!r} has shape {tuple(value.shape)} but the '
-                             f'model expects {tuple(target.shape)}, and it cannot be resized: '
-                             f'check that the checkpoint matches the arch / embed_dims / '
-                             f'num_heads of the model')
+            raise CheckpointError(f'checkpoint tensor {key!r} has shape {tuple(value.shape)} but the '
+                                  f'model expects {tuple(target.shape)}, and it cannot be resized: '
+                                  f'check that the checkpoint matches the arch / embed_dims / '
+                                  f'num_heads of the model')
         notes.append(f'{key}: {tuple(value.shape)} -> {tuple(target.shape)}')
     return out, notes
 
@@ -156,12 +318,12 @@ def load_pretrained(model: nn.Module, path: str, state_dict_key: Optional[str] =
         from .models.converters import detect_family
         try:
             family = f' (its keys look like InLine-{detect_family(state_dict)})'
-        except ValueError:
+        except CheckpointError:
             family = ''
-        raise ValueError(f'none of the {len(state_dict)} tensors in {path} matches a parameter '
-                         f'of {type(model).__name__}{family}: is it a checkpoint of another '
-                         f'model? Use the backbone it was trained with, or set init_cfg.prefix '
-                         f'to the prefix of the backbone keys')
+        raise CheckpointError(f'none of the {len(state_dict)} tensors in {path} matches a parameter '
+                              f'of {type(model).__name__}{family}: is it a checkpoint of another '
+                              f'model? Use the backbone it was trained with, or set init_cfg.prefix '
+                              f'to the prefix of the backbone keys')
     state_dict, resized = adapt_to_model(state_dict, model)
     missing = [k for k in own if k not in state_dict]
     unexpected = [k for k in state_dict if k not in own]

@@ -14,14 +14,13 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${INLINE_MM_VENV:-$ROOT/.venv}"
 PYTHON_BIN="${PYTHON:-python3.11}"
 
-TORCH_VERSION=2.14.1
-TORCHVISION_VERSION=0.29.1
-SETUPTOOLS_SPEC='setuptools>=77,<81'
-MMENGINE_VERSION=0.10.7
-MMCV_VERSION=2.1.0
-MMDET_VERSION=3.3.0
-MMSEG_VERSION=1.2.2
-TIMM_SPEC='timm>=1.0,<1.1'
+# The exact stack: scripts/constraints.txt (setup.cfg declares ranges only).
+CONSTRAINTS="${INLINE_MM_CONSTRAINTS:-$ROOT/scripts/constraints.txt}"
+pin() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$CONSTRAINTS"; }
+TORCH_VERSION="$(pin torch)"
+MMCV_VERSION="$(pin mmcv)"
+# extras of inline-mm installed by this script; INLINE_MM_EXTRAS overrides (e.g. "mmdet,tests")
+EXTRAS="${INLINE_MM_EXTRAS:-all,tests,deploy}"
 
 CACHE_DIR="${INLINE_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inline-mm}"
 WHEEL_DIR="$CACHE_DIR/wheels/mmcv-$MMCV_VERSION-torch$TORCH_VERSION-py311"
@@ -36,7 +35,7 @@ step() {  # step "description" command...
 
 # The stamp records everything that decides the environment's content; when it
 # matches, the environment is complete and nothing is reinstalled.
-STAMP_CONTENT="torch=$TORCH_VERSION tv=$TORCHVISION_VERSION mmengine=$MMENGINE_VERSION mmcv=$MMCV_VERSION mmdet=$MMDET_VERSION mmseg=$MMSEG_VERSION timm=$TIMM_SPEC setup=$(sha1sum "$ROOT/setup.cfg" | cut -c1-12)"
+STAMP_CONTENT="extras=$EXTRAS constraints=$(sha1sum "$CONSTRAINTS" | cut -c1-12) setup=$(sha1sum "$ROOT/setup.cfg" | cut -c1-12)"
 STAMP="$VENV/.inline-mm-installed"
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$STAMP_CONTENT" ]] \
    && "$VENV/bin/python" -c 'import inline_mm' 2>/dev/null; then
@@ -52,13 +51,13 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   step "creating virtual environment $VENV" "$PYTHON_BIN" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-PIP=("$PY" -m pip install --disable-pip-version-check)
+PIP=("$PY" -m pip install --disable-pip-version-check -c "$CONSTRAINTS")
 
 step "upgrading pip and wheel" "${PIP[@]}" -q --upgrade pip wheel
-step "installing torch $TORCH_VERSION + torchvision $TORCHVISION_VERSION (large: a few minutes the first time)" \
-  "${PIP[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
-step "installing $SETUPTOOLS_SPEC (mmengine imports pkg_resources)" "${PIP[@]}" -q "$SETUPTOOLS_SPEC"
-step "installing mmengine $MMENGINE_VERSION" "${PIP[@]}" -q "mmengine==$MMENGINE_VERSION" 'numpy<2'
+step "installing torch $TORCH_VERSION + torchvision (large: a few minutes the first time)" \
+  "${PIP[@]}" torch torchvision
+step "installing setuptools (mmengine imports pkg_resources)" "${PIP[@]}" -q setuptools
+step "installing mmengine" "${PIP[@]}" -q mmengine numpy
 
 mmcv_ops_ok() {
   "$PY" - <<'PYEOF' 2>/dev/null
@@ -88,10 +87,13 @@ else
       "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$BUILD" "mmcv==$MMCV_VERSION"
     step "unpacking the sdist" tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
     SRC="$BUILD/mmcv-$MMCV_VERSION"
-    # torch 2.14's headers stop with '#error C++20 or later compatible compiler
-    # is required': mmcv's setup.py pins c++14 / c++17, so raise it to c++20.
-    sed -i -E 's/-std=c\+\+1[47]/-std=c++20/g; s#/std:c\+\+1[47]#/std:c++20#g' "$SRC/setup.py"
-    grep -q 'std=c++20' "$SRC/setup.py" || die "could not rewrite the C++ standard in mmcv's setup.py"
+    # Recent torch headers stop with '#error C++20 or later compatible compiler
+    # is required': mmcv's setup.py pins c++14 / c++17, so raise it to c++20 there
+    # (older torch, e.g. 2.1, builds with mmcv's own standard).
+    if "$PY" -c 'import sys, torch; v = tuple(map(int, torch.__version__.split("+")[0].split(".")[:2])); sys.exit(v < (2, 10))'; then
+      sed -i -E 's/-std=c\+\+1[47]/-std=c++20/g; s#/std:c\+\+1[47]#/std:c++20#g' "$SRC/setup.py"
+      grep -q 'std=c++20' "$SRC/setup.py" || die "could not rewrite the C++ standard in mmcv's setup.py"
+    fi
     step "installing mmcv's build requirements" "${PIP[@]}" -q ninja packaging addict yapf pyyaml
     mkdir -p "$WHEEL_DIR"
     (
@@ -110,14 +112,12 @@ else
     say "reusing cached mmcv wheel ${wheels[0]}"
   fi
   step "installing mmcv $MMCV_VERSION" "${PIP[@]}" -q --no-deps "${wheels[0]}"
-  step "installing mmcv's runtime requirements" "${PIP[@]}" -q addict packaging pillow pyyaml yapf opencv-python 'numpy<2'
+  step "installing mmcv's runtime requirements" "${PIP[@]}" -q addict packaging pillow pyyaml yapf opencv-python numpy
   mmcv_ops_ok || die "mmcv $MMCV_VERSION is installed but its compiled ops do not run (RoIAlign / nms); remove $WHEEL_DIR to force a rebuild"
 fi
 
-step "installing mmdet $MMDET_VERSION, mmsegmentation $MMSEG_VERSION, $TIMM_SPEC, pycocotools" \
-  "${PIP[@]}" -q "mmdet==$MMDET_VERSION" "mmsegmentation==$MMSEG_VERSION" "$TIMM_SPEC" pycocotools \
-  "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" "mmcv==$MMCV_VERSION" "$SETUPTOOLS_SPEC"
-step "installing inline-mm (editable) with its test extras" "${PIP[@]}" -q --no-build-isolation -e "$ROOT[tests]"
-step "checking the stack imports" "$PY" -c 'import mmcv, mmdet, mmseg, timm, inline_mm; from mmcv.ops import RoIAlign, nms'
+step "installing inline-mm (editable) with the extras $EXTRAS (mmdet, mmsegmentation, timm, ...)" \
+  "${PIP[@]}" -q --no-build-isolation -e "$ROOT[$EXTRAS]"
+step "checking the stack imports" "$PY" -c 'import mmcv, timm, inline_mm; from mmcv.ops import RoIAlign, nms'
 echo "$STAMP_CONTENT" > "$STAMP"
 say "done: $VENV"

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REFERENCE_DIR = os.path.join(os.path.dirname(REPO_ROOT), 'shared', 'reference')
+#: files the tests need, kept in the repository (see tests/data/README.md)
+DATA_DIR = os.path.join(REPO_ROOT, 'tests', 'data')
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 

@@ -123,11 +123,24 @@ def test_inline_rows_match_the_dense_matrix():
 
 def test_injectivity_check_finds_linear_attention_collisions():
     torch.manual_seed(0)
-    q, k = torch.rand(1, 6, 4), torch.rand(1, 30, 4)
+    q, k = torch.rand(1, 7, 4), torch.rand(1, 30, 4)
     q[0, 1] = 3 * q[0, 0]  # parallel queries: identical linear attention, not InLine
-    idx = torch.arange(6)
-    assert vis_attention.identical_pairs(vis_attention.linear_rows(q, k, idx)) == 1
-    assert vis_attention.identical_pairs(vis_attention.inline_rows(q, k, idx, 0.5)) == 0
+    q[0, 6] = q[0, 5] + 1e-6  # a near-duplicate query: not a distinct pair
+    idx = torch.arange(7)
+    pairs = vis_attention.distinct_pairs(q)
+    assert len(pairs) == 7 * 6 // 2 - 1 and [5, 6] not in pairs.tolist()
+    assert vis_attention.collisions(vis_attention.linear_rows(q, k, idx), pairs) == 1
+    assert vis_attention.collisions(vis_attention.inline_rows(q, k, idx, 0.5), pairs) == 0
+
+
+def test_scaled_queries_separate_inline_from_linear_attention():
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 40, 8), torch.randn(2, 40, 8)
+    change = vis_attention.scaled_query_change(q, k, torch.arange(10), 8 ** -0.5, None)
+    assert change['linear']['unchanged_rows'] == change['linear']['rows'] == 20
+    assert change['linear']['max_relative_change'] < 1e-5
+    assert change['inline']['unchanged_rows'] == 0
+    assert change['inline']['min_relative_change'] > 1e-3
 
 
 def test_vis_attention_writes_an_image(tmp_path):
@@ -141,7 +154,10 @@ def test_vis_attention_writes_an_image(tmp_path):
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
     assert report['grid'] == [8, 8]
     assert report['row_sums_inline'] == pytest.approx([1.0, 1.0], abs=1e-4)
-    assert report['identical_inline'] == 0
+    assert report['collisions_inline'] == 0
+    assert report['distinct_pairs'] + report['near_duplicate_query_pairs'] == 32 * 31 // 2
+    assert report['scaled_queries']['inline']['unchanged_rows'] == 0
+    assert report['scaled_queries']['linear']['unchanged_rows'] == 64
 
 
 def test_training_iteration_benchmark(tmp_path):

@@ -153,7 +153,7 @@ def test_swin_windows_clip_and_shift_masks():
     with torch.no_grad():
         y = block(x, (5, 16))
     assert y.shape == x.shape and torch.isfinite(y).all()
-    # padded tokens never receive attention: perturbing the zero padding changes nothing
+    # the window partition a shifted block sees: one (7, 7) window size, 6 windows
     calls = []
 
     def spy(win, wsz, valid, bias):
@@ -162,6 +162,57 @@ def test_swin_windows_clip_and_shift_masks():
 
     run_in_windows(torch.randn(1, 10, 16, 8), (7, 7), spy, shift=3)
     assert calls == [((7, 7), (6, 49, 49))]
+
+
+def _noisy_padding(monkeypatch):
+    """Make the window padding random instead of zero: masked padding must not matter."""
+    from inline_mm.models.layers import windows
+    zero_pad = windows.pad_to_multiple
+
+    def noisy_pad(x, multiple):
+        out = zero_pad(x, multiple)
+        # as large as real tokens: softmax masks with -100 (Swin), which must hide them
+        noise = torch.randn_like(out) * 3
+        noise[:, :x.shape[1], :x.shape[2]] = 0
+        return out + noise
+
+    monkeypatch.setattr(windows, 'pad_to_multiple', noisy_pad)
+
+
+@pytest.mark.parametrize('attn_type,shift', [('S', 0), ('S', 3), ('I', 0)])
+def test_padded_tokens_never_reach_real_ones(monkeypatch, attn_type, shift):
+    """Windows cut by the map border: whatever the padding holds, real tokens get the same."""
+    torch.manual_seed(0)
+    block = TransformerBlock(32, 2, attn_type=attn_type, window=(7, 7), shift=shift,
+                             table_window=(7, 7)).eval()
+    x = torch.randn(2, 10 * 16, 32)  # 10 x 16 map: padded to 14 x 21
+    with torch.no_grad():
+        expected = block(x, (10, 16))
+        _noisy_padding(monkeypatch)
+        got = block(x, (10, 16))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_padded_tokens_never_reach_real_ones_in_cswin_stripes(monkeypatch):
+    """CSwin's stripes and InLine windows (LePE and the local branch included)."""
+    torch.manual_seed(0)
+    model = InLineCSWin(arch='tiny', depths=[1, 1, 2, 1], inline_window=(5, 6)).eval()
+    x = torch.randn(1, 3, 75, 101)
+    with torch.no_grad():
+        expected = model(x)
+        _noisy_padding(monkeypatch)
+        got = model(x)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('cls', list(SMALL))
+def test_fp16_autocast_outputs_finite(cls):
+    """Under fp16 autocast (the GPU AMP dtype) every output stays finite at a large size."""
+    model = cls(**SMALL[cls]).eval()
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16):
+        outs = model(torch.randn(1, 3, 512, 640) * 3)
+    assert all(torch.isfinite(o.float()).all() for o in outs)
 
 
 def test_inline_window_options():
@@ -188,7 +239,7 @@ def test_inline_window_options():
     (dict(cls=InLineSwin, attn_type='IIXS'), "stage 2 has 'X'"),
     (dict(cls=InLineSwin, attn_type='IIMS'), "'M' needs its block count"),
     (dict(cls=InLinePVT, attn_type='IISS'), "InLinePVT supports 'I'"),
-    (dict(cls=InLineCSWin, split_size=(1, 2, 7)), 'one stripe width per stage'),
+    (dict(cls=InLineCSWin, split_size=(1, 2, 7)), 'split_size of InLineCSWin has 3 entries'),
     (dict(cls=InLineSwin, inline_window='huge'), "inline_window is 'auto', 'global'"),
     (dict(cls=InLinePVT, out_indices=(0, 4)), 'out_indices'),
     (dict(cls=InLineSwin, kernel_func='gelu'), "unknown kernel_func 'gelu'"),
@@ -210,3 +261,64 @@ def test_caches_filled_during_inference_serve_training(cls):
     model.train()
     sum(o.mean() for o in model(x)).backward()
     assert any(p.grad is not None for p in model.parameters())
+
+
+def test_init_cfg_as_a_list_converts_and_resizes(tmp_path):
+    """[dict(type='Pretrained', ...)] (mmdet's list form) takes the plugin's loader too."""
+    src = InLineDeiT(arch='tiny', depth=2, out_indices=(1,))  # a 14 x 14 position table
+    path = tmp_path / 'deit.pth'
+    torch.save({'model': {**src.state_dict(), 'head.weight': torch.zeros(1000, 192)}}, path)
+    dst = InLineDeiT(arch='tiny', depth=2, out_indices=(1,), pretrain_img_size=320,
+                     init_cfg=[dict(type='Constant', layer='LayerNorm', val=3.0),
+                               dict(type='Pretrained', checkpoint=str(path))])
+    dst.init_weights()
+    assert dst.pos_embed.shape == (1, 1 + 20 * 20, 192)  # resized, not skipped
+    torch.testing.assert_close(dst.blocks[0].attn.proj.weight, src.blocks[0].attn.proj.weight)
+    # the Pretrained entry runs last: the LayerNorms hold the checkpoint's values
+    torch.testing.assert_close(dst.norm.weight, src.norm.weight)
+    assert isinstance(dst.init_cfg, list)  # the config is left as it was given
+
+
+def test_attn_drop_rate_reaches_the_softmax_blocks():
+    swin = InLineSwin(arch='tiny', depths=[1, 1, 1, 2], attn_drop_rate=0.25)
+    assert swin.layers[3].blocks[1].attn.attn_drop.p == 0.25
+    cswin = InLineCSWin(arch='tiny', depths=[1, 1, 2, 1], attn_drop_rate=0.25)
+    assert cswin.stage3[0].attns[0].attn_drop.p == 0.25
+    # in training the attention weights are dropped: two passes differ
+    block = swin.layers[3].blocks[1].train()
+    x = torch.randn(1, 49, 768)
+    assert not torch.allclose(block(x, (7, 7)), block(x, (7, 7)))
+    InLinePVT(arch='tiny', depths=[1, 1, 1, 1], attn_drop_rate=0.1)  # accepted (no matrix)
+    InLineDeiT(arch='tiny', depth=2, out_indices=(1,), attn_drop_rate=0.1)
+
+
+@pytest.mark.parametrize('cls,kwargs,channels', [
+    (InLinePVT, dict(embed_dims=[32, 64, 128], depths=[1, 1, 1], num_heads=[1, 2, 4],
+                     mlp_ratios=[4, 4, 4], attn_type='III', out_indices=(0, 1, 2)),
+     [32, 64, 128]),
+    (InLineSwin, dict(embed_dims=32, depths=[1, 1, 2], num_heads=[1, 2, 4], attn_type='IIS',
+                      out_indices=(0, 1, 2)), [32, 64, 128]),
+    (InLineCSWin, dict(embed_dims=32, depths=[1, 1, 1], num_heads=[2, 2, 4],
+                       attn_type='IIS', split_size=(1, 2, 7), out_indices=(0, 1, 2)),
+     [32, 64, 128]),
+])
+def test_three_stage_models_build_run_and_convert(cls, kwargs, channels, tmp_path):
+    """num_stages comes from depths everywhere, the converters find the last stage."""
+    model = cls(arch='tiny', **kwargs).eval()
+    assert model.num_stages == 3
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 64, 96))
+    assert [o.shape[1] for o in outs] == channels
+    assert [tuple(o.shape[2:]) for o in outs] == expected_sizes(cls, 64, 96)[:3]
+    if cls is not InLinePVT:  # the authors' final `norm` is the norm of the third output
+        state = {('norm.' + k[6:] if k.startswith('norm2.') else k): v
+                 for k, v in model.state_dict().items()}
+        assert 'norm.weight' in state and 'norm2.weight' not in state
+        assert set(model.convert_checkpoint(state)) == set(model.state_dict())
+
+
+def test_stage_lists_must_match_depths():
+    with pytest.raises(ValueError, match=r'num_heads of InLinePVT has 4 entries but depths '
+                                         r'\[1, 1, 1\] has 3 stages'):
+        InLinePVT(arch='tiny', depths=[1, 1, 1], embed_dims=[64, 128, 320],
+                  mlp_ratios=[8, 8, 4], attn_type='III')

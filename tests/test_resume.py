@@ -11,6 +11,9 @@ import torch
 import inline_mm  # noqa: F401  (allow-lists mmengine's checkpoint types)
 from inline_mm.checkpoint import load_checkpoint_file
 
+# subprocess runs (training, a fresh interpreter): the slow tier
+pytestmark = pytest.mark.slow
+
 RUNNER_SCRIPT = textwrap.dedent('''
     import sys
     import torch

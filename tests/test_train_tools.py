@@ -14,6 +14,9 @@ from conftest import REPO_ROOT
 
 from inline_mm.datasets import make_coco_toy
 
+# subprocess runs (training, a fresh interpreter): the slow tier
+pytestmark = pytest.mark.slow
+
 CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
 TRAIN = os.path.join(REPO_ROOT, 'tools', 'train.py')
 SEG_CONFIG = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')

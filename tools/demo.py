@@ -20,19 +20,17 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import Config  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
-
 from inline_mm.datasets import make_ade_toy, make_coco_toy  # noqa: E402
-from inline_mm.engine.runner_utils import check_datasets, draw_predictions  # noqa: E402
+from inline_mm.engine.launch import cli_main, load_config, run_with_runner  # noqa: E402
+from inline_mm.engine.runner_utils import draw_predictions  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TASKS = {
     'det': dict(config='configs/det/toy/mask_rcnn_inline_pvt_toy.py', data='coco_toy',
-                make=make_coco_toy, metric='coco/bbox_mAP_50', target=0.5,
+                make=make_coco_toy, metric='coco/bbox_mAP_50', target=0.6,
                 images='val/*.jpg', work_dir='work_dirs/demo'),
     'seg': dict(config='configs/seg/toy/fpn_inline_pvt_toy.py', data='ade_toy',
-                make=make_ade_toy, metric='mIoU', target=50.0,
+                make=make_ade_toy, metric='mIoU', target=55.0,
                 images='images/validation/*.jpg', work_dir='work_dirs/demo-seg'),
 }
 
@@ -59,7 +57,7 @@ def main(argv=None) -> int:
     summary = task['make'](data_root, progress=True)
     print(f"[demo] {summary['num_images']} images, classes {summary['classes']}", flush=True)
 
-    cfg = Config.fromfile(task['config'])
+    cfg = load_config(task['config'])
     cfg.work_dir = args.work_dir or task['work_dir']
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].dataset.data_root = data_root + '/'
@@ -75,24 +73,26 @@ def main(argv=None) -> int:
     # loop validates every val_interval and at its last iteration, from val_begin on)
     cfg.train_cfg.val_begin = cfg.train_cfg.max_iters + 1
     cfg.default_hooks.checkpoint.interval = cfg.train_cfg.max_iters
-    check_datasets(cfg)
 
-    runner = Runner.from_cfg(cfg)
-    print('[demo] evaluating the untrained model', flush=True)
-    runner._init_model_weights()
-    before = runner.val_loop.run()
-    print(f"[demo] training {cfg.train_cfg.max_iters} iterations on the CPU "
-          f"(log: {runner.log_dir})", flush=True)
-    runner.train()
-    print('[demo] evaluating the trained model', flush=True)
-    after = runner.val_loop.run()
+    def evaluate_train_evaluate(runner):
+        print('[demo] evaluating the untrained model', flush=True)
+        runner.model.init_weights()  # what runner.train() would do first
+        before = runner.val_loop.run()
+        print(f"[demo] training {cfg.train_cfg.max_iters} iterations on the CPU "
+              f"(log: {runner.log_dir})", flush=True)
+        runner.train()
+        print('[demo] evaluating the trained model', flush=True)
+        after = runner.val_loop.run()
+        images = sorted(glob.glob(osp.join(data_root, task['images'])))[:args.num_vis]
+        print(f'[demo] drawing predictions for {len(images)} validation images', flush=True)
+        runner.model.cfg = cfg  # what the toolkits' inference helpers read
+        runner.model.dataset_meta = runner.val_loop.dataloader.dataset.metainfo
+        draw_predictions(runner.model.eval(), cfg, images, vis_dir)
+        return before, after
 
-    images = sorted(glob.glob(osp.join(data_root, task['images'])))[:args.num_vis]
     vis_dir = osp.join(cfg.work_dir, 'predictions')
-    print(f'[demo] drawing predictions for {len(images)} validation images', flush=True)
-    runner.model.cfg = cfg  # what the toolkits' inference helpers read
-    runner.model.dataset_meta = runner.val_loop.dataloader.dataset.metainfo
-    draw_predictions(runner.model.eval(), cfg, images, vis_dir)
+    before, after = run_with_runner(cfg, 'none', ('train_dataloader', 'val_dataloader'),
+                                    evaluate_train_evaluate)
 
     metric = task['metric']
     result = dict(task=args.task, config=task['config'], iterations=cfg.train_cfg.max_iters,
@@ -123,4 +123,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(cli_main(main))

@@ -12,9 +12,9 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import Config  # noqa: E402
-
+from inline_mm.engine.launch import cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import draw_predictions, task_of  # noqa: E402
+from inline_mm.errors import MissingFileError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -35,10 +35,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     missing = [p for p in args.images if not osp.isfile(p)]
     if missing:
-        raise FileNotFoundError(f'image file(s) not found: {", ".join(missing)}')
+        raise MissingFileError(f'image file(s) not found: {", ".join(missing)}')
     if not osp.isfile(args.checkpoint):
-        raise FileNotFoundError(f'checkpoint {args.checkpoint!r} not found')
-    cfg = Config.fromfile(args.config)
+        raise MissingFileError(f'checkpoint {args.checkpoint!r} not found')
+    cfg = load_config(args.config)
     if task_of(cfg) == 'mmdet':
         from mmdet.apis import init_detector as init_model
     else:
@@ -50,4 +50,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(cli_main(main))

@@ -3,19 +3,24 @@
 
     python tools/test.py CONFIG CHECKPOINT [--show-dir DIR] [--out results.pkl]
     bash tools/dist_test.sh CONFIG CHECKPOINT 8
+
+``--show-dir vis`` draws the predictions of every test image into
+``<work_dir>/<timestamp>/vis/`` (detectors and segmentors alike).  ``--out``
+pickles the predictions: for detectors mmdet's ``DumpDetResults`` (boxes,
+scores, labels, masks as RLE), for segmentors the predicted label maps with
+the image metadata (no logits).
 """
 import argparse
-import os
 import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
-
-from inline_mm.engine.dist import finish_distributed, prepare_distributed  # noqa: E402
-from inline_mm.engine.runner_utils import check_datasets, task_of  # noqa: E402
+import inline_mm.engine  # noqa: E402,F401  (SegTestVisualizationHook, DumpSegResults)
+from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
+                                     load_config, run_with_runner, set_local_rank)
+from inline_mm.engine.runner_utils import task_of  # noqa: E402
+from inline_mm.errors import ConfigError, MissingFileError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -23,53 +28,40 @@ def parse_args(argv=None):
     parser.add_argument('config', help='config file')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--work-dir', help='where the evaluation log goes')
-    parser.add_argument('--out', help='dump the raw predictions to this pickle file')
-    parser.add_argument('--show-dir', help='write images with drawn predictions into '
-                        '<work_dir>/<timestamp>/<show-dir>')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    parser.add_argument('--out', help='dump the predictions to this pickle file (detectors: '
+                        'boxes / scores / labels / RLE masks; segmentors: label maps)')
+    parser.add_argument('--show-dir', help='draw the predictions of every test image into '
+                        '<work_dir>/<timestamp>/<show-dir>/')
+    add_runner_args(parser)
     args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    set_local_rank(args.local_rank)
     return args
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
-        raise FileNotFoundError(f'checkpoint {args.checkpoint!r} not found')
-    cfg = Config.fromfile(args.config)
-    cfg.launcher = args.launcher
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+        raise MissingFileError(f'checkpoint {args.checkpoint!r} not found')
+    cfg = load_config(args.config, args.cfg_options, args.launcher)
     task = task_of(cfg)
-    cfg.work_dir = args.work_dir or cfg.get('work_dir') or osp.join(
-        './work_dirs', osp.splitext(osp.basename(args.config))[0])
+    cfg.work_dir = default_work_dir(cfg, args.config, args.work_dir)
     cfg.load_from = args.checkpoint
     if args.show_dir:
         hook = cfg.default_hooks.visualization
         hook.draw = True
-        if task == 'mmdet':
-            hook.test_out_dir = args.show_dir
-        else:
-            hook.interval = 1
-            cfg.visualizer.save_dir = osp.join(cfg.work_dir, args.show_dir)
+        if task == 'mmseg':  # mmdet's hook has test_out_dir; this one gives mmseg the same
+            hook.type = 'SegTestVisualizationHook'
+        hook.test_out_dir = args.show_dir
     if args.out:
         if not args.out.endswith(('.pkl', '.pickle')):
-            raise ValueError(f'--out must end with .pkl, got {args.out!r}')
-        dump = dict(type='DumpResults', out_file_path=args.out)
-        if task == 'mmdet':
-            dump['type'] = 'DumpDetResults'
-        cfg.test_evaluator = [cfg.test_evaluator, dump] if isinstance(
-            cfg.test_evaluator, dict) else [*cfg.test_evaluator, dump]
-    check_datasets(cfg, ('test_dataloader',))
-    prepare_distributed(cfg, args.launcher)
-    runner = Runner.from_cfg(cfg)
-    runner.test()
-    finish_distributed()
+            raise ConfigError(f'--out must end with .pkl, got {args.out!r}')
+        dump = dict(type='DumpDetResults' if task == 'mmdet' else 'DumpSegResults',
+                    out_file_path=args.out)
+        evaluators = cfg.test_evaluator
+        cfg.test_evaluator = [evaluators, dump] if isinstance(evaluators, dict) \
+            else [*evaluators, dump]
+    run_with_runner(cfg, args.launcher, ('test_dataloader',), lambda runner: runner.test())
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(cli_main(main))

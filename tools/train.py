@@ -6,20 +6,23 @@
     bash tools/dist_train.sh CONFIG 8
 
 The task (detection or segmentation) comes from the config's default_scope.
+Before anything is built or written, the data folders and the dataset classes
+are checked against the config; an error in the input prints one line and
+exits with status 2.
 """
 import argparse
-import os
 import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import torch  # noqa: E402
-from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
+from mmengine.config import Config  # noqa: E402
 
-from inline_mm.engine.dist import finish_distributed, prepare_distributed  # noqa: E402
-from inline_mm.engine.runner_utils import check_datasets, task_of  # noqa: E402
+from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
+                                     load_config, run_with_runner, set_local_rank)
+from inline_mm.engine.runner_utils import task_of  # noqa: E402
+from inline_mm.errors import ConfigError, MissingFileError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -34,52 +37,45 @@ def parse_args(argv=None):
                         help='mixed precision (fp16 AMP on a GPU, bf16 autocast on the CPU)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the learning rate by the actual total batch size')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override config entries, key=value')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    add_runner_args(parser)
     args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    set_local_rank(args.local_rank)
     return args
 
 
+def configure_amp(cfg: Config) -> None:
+    """``--amp``: fp16 AMP on a GPU; bf16 autocast on the CPU (segmentors)."""
+    wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
+    if not torch.cuda.is_available():  # mmengine's AmpOptimWrapper needs a GPU
+        if task_of(cfg) == 'mmdet':
+            raise ConfigError('--amp without a GPU means bf16 autocast, and the CPU kernels '
+                              "of mmcv's NMS / RoIAlign take fp32 only: train detectors "
+                              'on the CPU without --amp (segmentors support it)')
+        cfg.optim_wrapper.type = 'CPUAutocastOptimWrapper'
+        cfg.optim_wrapper.pop('loss_scale', None)
+        cfg.optim_wrapper.setdefault('dtype', 'bfloat16')
+    elif wrapper != 'AmpOptimWrapper':
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+
+
 def build_config(args) -> Config:
-    if not osp.isfile(args.config):
-        raise FileNotFoundError(f'config file {args.config!r} not found')
-    cfg = Config.fromfile(args.config)
-    cfg.launcher = args.launcher
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    cfg = load_config(args.config, args.cfg_options, args.launcher)
     task_of(cfg)
-    if args.work_dir:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir') is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
+    cfg.work_dir = default_work_dir(cfg, args.config, args.work_dir)
     if args.amp:
-        wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-        if not torch.cuda.is_available():  # mmengine's AmpOptimWrapper needs a GPU
-            if task_of(cfg) == 'mmdet':
-                raise ValueError('--amp without a GPU means bf16 autocast, and the CPU kernels '
-                                 "of mmcv's NMS / RoIAlign take fp32 only: train detectors "
-                                 'on the CPU without --amp (segmentors support it)')
-            cfg.optim_wrapper.type = 'CPUAutocastOptimWrapper'
-            cfg.optim_wrapper.pop('loss_scale', None)
-            cfg.optim_wrapper.setdefault('dtype', 'bfloat16')
-        elif wrapper != 'AmpOptimWrapper':
-            cfg.optim_wrapper.type = 'AmpOptimWrapper'
-            cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+        configure_amp(cfg)
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
-            raise ValueError('--auto-scale-lr needs auto_scale_lr.base_batch_size in the config')
+            raise ConfigError('--auto-scale-lr needs auto_scale_lr.base_batch_size (the total '
+                              'batch size the learning rate was set for) in the config')
         cfg.auto_scale_lr.enable = True
     if args.resume == 'auto':
         cfg.resume = True
         cfg.load_from = None
     elif args.resume is not None:
         if not osp.isfile(args.resume):
-            raise FileNotFoundError(f'checkpoint to resume from {args.resume!r} not found')
+            raise MissingFileError(f'checkpoint to resume from {args.resume!r} not found')
         cfg.resume = True
         cfg.load_from = args.resume
     return cfg
@@ -88,13 +84,9 @@ def build_config(args) -> Config:
 def main(argv=None) -> None:
     args = parse_args(argv)
     cfg = build_config(args)
-    # Fail on a missing data folder before the model is built or anything is written.
-    check_datasets(cfg, ('train_dataloader', 'val_dataloader'))
-    prepare_distributed(cfg, args.launcher)
-    runner = Runner.from_cfg(cfg)
-    runner.train()
-    finish_distributed()
+    run_with_runner(cfg, args.launcher, ('train_dataloader', 'val_dataloader'),
+                    lambda runner: runner.train())
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(cli_main(main))

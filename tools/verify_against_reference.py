@@ -24,6 +24,8 @@ import torch
 
 import inline_mm
 from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
+from inline_mm.engine.launch import cli_main
+from inline_mm.errors import MissingFileError
 
 SWIN = {'tiny': dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
                      attn_type='IIIS'),
@@ -58,13 +60,20 @@ def reference_features(model, family, x):
     return tokens[:, 1:].mean(dim=1)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--reference-dir', required=True,
                         help="the authors' models/ folder (inline_pvt.py, inline_swin.py, ...)")
     parser.add_argument('--families', nargs='+', default=['pvt', 'swin', 'cswin', 'deit'])
     parser.add_argument('--tol', type=float, default=1e-4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    missing = [f'inline_{f}.py' for f in args.families
+               if not os.path.isfile(os.path.join(args.reference_dir, f'inline_{f}.py'))]
+    if missing:
+        raise MissingFileError(
+            f"--reference-dir {args.reference_dir!r} does not hold the authors' model files "
+            f"{', '.join(missing)}: point it at the models/ folder of a clone of the authors' "
+            f'InLine repository')
     sys.path.insert(0, os.path.abspath(args.reference_dir))
     warnings.filterwarnings('ignore')
     ref = {f: importlib.import_module(f'inline_{f}') for f in args.families}
@@ -104,4 +113,4 @@ def main() -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(cli_main(main))

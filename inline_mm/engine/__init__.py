@@ -1,10 +1,12 @@
 """Training-side extensions for mmengine's Runner.
 
-Importing this package registers the plugin's hooks, optimiser wrappers and
-model wrappers into mmengine's registries.  Configs that use them name it in
+Importing this package registers the plugin's hooks, optimiser wrappers,
+model wrappers, metrics and visualisation hooks into mmengine's (and the
+installed toolkits') registries.  Configs that use them name it in
 ``custom_imports`` (``imports=['inline_mm', 'inline_mm.engine']``); a plain
 ``import inline_mm`` does not import it.
 """
+from . import metrics, visualization  # noqa: F401  (registration)
 from .dist import AnyDeviceDistributedDataParallel
 from .fault_tolerance import (PREEMPTED_EXIT_CODE, AtomicLocalBackend, BadSampleLimitError,
                               CheckpointWriteError, SkipBadSamples)

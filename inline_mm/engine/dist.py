@@ -8,12 +8,15 @@ process group itself (gloo) when no GPU is present, and points the runner at
 modules; on GPU machines both leave mmengine's behaviour untouched.
 """
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from mmengine.config import Config
 from mmengine.model import MMDistributedDataParallel
 from mmengine.registry import MODEL_WRAPPERS
+
+from ..errors import ConfigError
 
 
 @MODEL_WRAPPERS.register_module()
@@ -31,22 +34,28 @@ def prepare_distributed(cfg: Config, launcher: str) -> None:
     if launcher == 'none' or torch.cuda.is_available():
         return
     if launcher != 'pytorch':
-        raise ValueError(f'launcher {launcher!r} needs GPUs; on CPUs use --launcher pytorch '
-                         f'(tools/dist_train.sh)')
+        raise ConfigError(f'launcher {launcher!r} needs GPUs; on CPUs use --launcher pytorch '
+                          f'(tools/dist_train.sh)')
     if not dist.is_initialized():  # gloo whatever the config says: nccl needs GPUs
+        # the config's timeout bounds how long a process waits for a dead peer
+        timeout = ((cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('timeout', 1800)
         dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
-                                world_size=int(os.environ['WORLD_SIZE']))
+                                world_size=int(os.environ['WORLD_SIZE']),
+                                timeout=timedelta(seconds=timeout))
     if cfg.get('model_wrapper_cfg') is None:
         cfg.model_wrapper_cfg = dict(type='AnyDeviceDistributedDataParallel')
 
 
-def finish_distributed() -> None:
-    """Wait for every process, then tear the process group down.
+def finish_distributed(barrier: bool = True) -> None:
+    """Wait for every process (``barrier``), then tear the process group down.
 
     Leaving a gloo group alive until interpreter exit lets its background
     threads be destroyed in arbitrary order, which can abort a process
     (``terminate called without an active exception``) after its work is done.
+    After an error on one process, pass ``barrier=False``: the others may
+    never reach the barrier.
     """
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()

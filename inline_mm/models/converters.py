@@ -12,6 +12,8 @@ from typing import Callable, Dict
 
 from torch import Tensor
 
+from ..errors import CheckpointError
+
 StateDict = Dict[str, Tensor]
 
 #: buffers of the reference that the plugin rebuilds for every input size
@@ -29,7 +31,18 @@ def _drop_classifier_and_buffers(state_dict: StateDict) -> StateDict:
     return out
 
 
-def _final_norm_to_last_output(state_dict: StateDict, last: int = 3) -> StateDict:
+def _final_norm_to_last_output(state_dict: StateDict, stage_key: str,
+                               first_stage: int) -> StateDict:
+    """Rename the final ``norm`` to the norm of the last stage's output.
+
+    The last stage comes from the keys (``stage_key`` is a regex whose group 1
+    is a stage number counted from ``first_stage``), so models with other
+    than 4 stages convert too.
+    """
+    stages = {int(m.group(1)) for k in state_dict if (m := re.match(stage_key, k))}
+    if not stages:
+        return state_dict
+    last = max(stages) - first_stage
     return {re.sub(r'^norm\.', f'norm{last}.', k): v for k, v in state_dict.items()}
 
 
@@ -39,13 +52,15 @@ def convert_pvt(state_dict: StateDict) -> StateDict:
 
 
 def convert_swin(state_dict: StateDict) -> StateDict:
-    """InLine-Swin: final ``norm`` becomes the norm of the stage-4 output."""
-    return _final_norm_to_last_output(_drop_classifier_and_buffers(state_dict))
+    """InLine-Swin: final ``norm`` becomes the norm of the last stage's output."""
+    return _final_norm_to_last_output(_drop_classifier_and_buffers(state_dict),
+                                      r'^layers\.(\d+)\.', first_stage=0)
 
 
 def convert_cswin(state_dict: StateDict) -> StateDict:
-    """InLine-CSwin: final ``norm`` becomes the norm of the stage-4 output."""
-    return _final_norm_to_last_output(_drop_classifier_and_buffers(state_dict))
+    """InLine-CSwin: final ``norm`` becomes the norm of the last stage's output."""
+    return _final_norm_to_last_output(_drop_classifier_and_buffers(state_dict),
+                                      r'^stage(\d+)\.', first_stage=1)
 
 
 def convert_deit(state_dict: StateDict) -> StateDict:
@@ -72,14 +87,14 @@ def detect_family(state_dict: StateDict) -> str:
         return 'swin'
     if 'cls_token' in keys or any(k.startswith('blocks.') for k in keys):
         return 'deit'
-    raise ValueError('cannot tell the InLine family of this state dict: none of the '
-                     "keys 'stage1_conv_embed.*' (CSwin), 'block1.*' (PVT), 'layers.*' (Swin), "
-                     "'blocks.*' / 'cls_token' (DeiT) is present; pass the family explicitly")
+    raise CheckpointError('cannot tell the InLine family of this state dict: none of the '
+                          "keys 'stage1_conv_embed.*' (CSwin), 'block1.*' (PVT), 'layers.*' (Swin), "
+                          "'blocks.*' / 'cls_token' (DeiT) is present; pass the family explicitly")
 
 
 def convert(state_dict: StateDict, family: str | None = None) -> StateDict:
     """Convert with the converter of ``family`` (detected from the keys when None)."""
     family = family or detect_family(state_dict)
     if family not in CONVERTERS:
-        raise ValueError(f'unknown family {family!r}: choose one of {", ".join(CONVERTERS)}')
+        raise CheckpointError(f'unknown family {family!r}: choose one of {", ".join(CONVERTERS)}')
     return CONVERTERS[family](state_dict)

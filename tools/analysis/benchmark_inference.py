@@ -21,14 +21,14 @@ import time
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
-from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.dist import all_gather_object, get_rank, get_world_size, init_dist  # noqa: E402
 from mmengine.logging import MMLogger  # noqa: E402
-from mmengine.registry import init_default_scope  # noqa: E402
 from mmengine.runner import Runner, load_checkpoint  # noqa: E402
 
 from inline_mm.engine.dist import finish_distributed, prepare_distributed  # noqa: E402
-from inline_mm.engine.runner_utils import check_datasets, task_of  # noqa: E402
+from inline_mm.engine.launch import add_runner_args, cli_main, load_config  # noqa: E402
+from inline_mm.engine.runner_utils import build_model, check_datasets  # noqa: E402
+from inline_mm.errors import MissingFileError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -41,25 +41,21 @@ def parse_args(argv=None):
     parser.add_argument('--batch-size', type=int, default=1)
     parser.add_argument('--num-workers', type=int)
     parser.add_argument('--out', help='write the per-process and total figures as JSON')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    add_runner_args(parser)
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    task = task_of(cfg)
-    init_default_scope(task)
+    cfg = load_config(args.config, args.cfg_options, args.launcher)
+    if args.checkpoint and not os.path.isfile(args.checkpoint):
+        raise MissingFileError(f'checkpoint {args.checkpoint!r} not found')
     if args.launcher != 'none':
         prepare_distributed(cfg, args.launcher)  # CPU: gloo process group
         if not torch.distributed.is_initialized():
             init_dist(args.launcher, **cfg.get('env_cfg', {}).get('dist_cfg', {}))
     logger = MMLogger.get_instance('inline_mm_benchmark', log_level='INFO')
-    check_datasets(cfg, ('test_dataloader',))
+    check_datasets(cfg, ('test_dataloader',), check_classes=False)
 
     loader_cfg = cfg.test_dataloader.copy()
     loader_cfg.batch_size = args.batch_size
@@ -70,9 +66,7 @@ def main(argv=None) -> dict:
     loader_cfg.sampler = dict(type='DefaultSampler', shuffle=False)
     loader = Runner.build_dataloader(loader_cfg, seed=0)
 
-    registry = __import__(f'{task}.registry', fromlist=['MODELS']).MODELS
-    cfg.model.backbone.init_cfg = None
-    model = registry.build(cfg.model)
+    model = build_model(cfg)
     if args.checkpoint:
         load_checkpoint(model, args.checkpoint, map_location='cpu')
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -132,4 +126,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(cli_main(main))

@@ -24,43 +24,24 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 import torch  # noqa: E402
 from mmengine.analysis import get_model_complexity_info  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
-from mmengine.registry import init_default_scope  # noqa: E402
 
-from inline_mm.engine.runner_utils import task_of  # noqa: E402
+from inline_mm.engine.launch import cli_main, load_config  # noqa: E402
+from inline_mm.engine.runner_utils import TensorModeForward, build_model, task_of  # noqa: E402
 
 
-class _Forward(torch.nn.Module):
-    """The tensor-mode forward of a detector / segmentor (what the FLOPs are of)."""
-
-    def __init__(self, model, data_samples):
-        super().__init__()
-        self.model = model
-        self.data_samples = data_samples
-
-    def forward(self, inputs):
-        return self.model._forward(inputs, self.data_samples)
+def format_giga(value: float) -> str:
+    """``value`` in G with three significant digits (2.59G, 31.9G, 217G)."""
+    giga = value / 1e9
+    return f'{giga:.0f}G' if giga >= 100 else f'{giga:#.3g}G'
 
 
 def complexity(cfg: Config, shape, backbone_only: bool = False) -> dict:
     """``{'flops': int, 'params': int, ...}`` of the model of ``cfg`` at ``shape``."""
-    task = task_of(cfg)
-    init_default_scope(task)
-    if task == 'mmdet':
-        from mmdet.registry import MODELS
-        from mmdet.structures import DetDataSample as Sample
-    else:
-        from mmseg.registry import MODELS
-        from mmseg.structures import SegDataSample as Sample
-    cfg.model.backbone.init_cfg = None
-    model = MODELS.build(cfg.model).eval()
+    model = build_model(cfg).eval()
     h, w = shape
     inputs = torch.randn(1, 3, h, w)
-    if backbone_only:
-        target, args = model.backbone, (inputs,)
-    else:
-        sample = Sample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w),
-                                      batch_input_shape=(h, w), scale_factor=(1., 1.)))
-        target, args = _Forward(model, [sample]), (inputs,)
+    target = model.backbone if backbone_only else TensorModeForward(model, task_of(cfg))
+    args = (inputs,)
     with torch.no_grad():
         info = get_model_complexity_info(target, inputs=args, show_table=False,
                                          show_arch=False)
@@ -80,9 +61,7 @@ def main(argv=None) -> list:
     what = 'backbone' if args.backbone_only else 'model'
     rows = []
     for path in args.configs:
-        cfg = Config.fromfile(path)
-        if args.cfg_options:
-            cfg.merge_from_dict(args.cfg_options)
+        cfg = load_config(path, args.cfg_options)
         info = complexity(cfg, args.shape, args.backbone_only)
         rows.append(dict(config=path, shape=list(args.shape), counted=what,
                          flops=int(info['flops']), params=int(info['params']),
@@ -98,7 +77,7 @@ def main(argv=None) -> list:
         print('|---|---|---|')
         for row in rows:
             print(f"| {osp.basename(row['config'])} | {row['params'] / 1e6:.1f}M "
-                  f"| {row['flops'] / 1e9:.0f}G |")
+                  f"| {format_giga(row['flops'])} |")
     if args.out:
         with open(args.out, 'w') as f:
             json.dump(rows, f, indent=2)
@@ -106,4 +85,4 @@ def main(argv=None) -> list:
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(cli_main(main))

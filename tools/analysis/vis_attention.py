@@ -11,9 +11,12 @@ at 224) is computed directly from ``phi(Q_i)`` and ``phi(K)`` (one row, no N x N
 matrix), averaged over heads, and drawn over the image.  Beside it: the weights
 of plain linear attention with the ReLU kernel, ``relu(q)^T relu(k_j) /
 sum_s relu(q)^T relu(k_s)``, on the same projections.  The script also reports
-the paper's injectivity check: among sampled queries, how many pairs receive
-the same attention distribution (InLine: none; linear attention: every pair
-whose kernelised queries are parallel).
+the paper's injectivity check on the image's own queries: among sampled
+queries whose vectors differ (near-duplicates from flat regions are counted
+apart), how many pairs receive the same attention distribution (InLine: none;
+linear attention: every pair whose kernelised queries are parallel), and the
+scaled-query test: ``q`` and ``c * q`` (c = 0.5, 2) get identical rows under
+linear attention and different rows under InLine.
 """
 import argparse
 import os
@@ -27,6 +30,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from inline_mm.engine.launch import cli_main  # noqa: E402
+from inline_mm.errors import ConfigError  # noqa: E402
 from inline_mm.models.layers.inline_attention import InLineAttention  # noqa: E402
 
 MEAN = np.array([123.675, 116.28, 103.53])
@@ -38,7 +43,7 @@ def capture_qk(model: torch.nn.Module, block: torch.nn.Module, image: Tensor
     """Run the model and return ``phi(q), phi(k)`` ``(heads, N, d)`` of the block."""
     attn = block.attn
     if not isinstance(attn, InLineAttention):
-        raise ValueError(f'block {type(block).__name__} has no InLine attention')
+        raise ConfigError(f'block {type(block).__name__} has no InLine attention: pick an InLine block')
     store = {}
 
     def hook(module, args, kwargs):
@@ -50,7 +55,7 @@ def capture_qk(model: torch.nn.Module, block: torch.nn.Module, image: Tensor
     handle.remove()
     x, hw = store['x'], store['hw']
     if x.shape[0] != image.shape[0] or x.shape[1] - attn.num_prefix_tokens != hw[0] * hw[1]:
-        raise ValueError('the chosen block attends within windows: pick a global block '
+        raise ConfigError('the chosen block attends within windows: pick a global block '
                          "(PVT, DeiT, or Swin / CSwin with inline_window='global')")
     with torch.no_grad():
         if attn.separate_q:
@@ -82,13 +87,64 @@ def linear_rows(q: Tensor, k: Tensor, idx: Tensor) -> Tensor:
     return rows.mean(dim=0)
 
 
-def identical_pairs(rows: Tensor, tol: float = 1e-6) -> int:
-    """Pairs of rows (distributions) equal within ``tol`` (max abs difference)."""
-    count = 0
-    for i in range(rows.shape[0] - 1):
-        diff = (rows[i + 1:] - rows[i]).abs().amax(dim=-1)
-        count += int((diff <= tol).sum())
-    return count
+def same_rows(a: Tensor, b: Tensor, rtol: float = 1e-5) -> Tensor:
+    """Whether rows of ``a`` and ``b`` are the same distribution (up to float rounding).
+
+    Equal when the largest difference is at most ``rtol`` of the larger row's
+    largest entry (rows of N = 3136 tokens hold values near 1 / N).
+    """
+    scale = torch.maximum(a.abs().amax(dim=-1), b.abs().amax(dim=-1))
+    return (a - b).abs().amax(dim=-1) <= rtol * scale  # all-zero rows are equal too
+
+
+def distinct_pairs(q: Tensor, rtol: float = 1e-3) -> Tensor:
+    """``(P, 2)`` index pairs of queries whose vectors differ (all heads concatenated).
+
+    Queries within ``rtol`` of the largest query entry of each other (flat
+    image regions give such near-duplicates) are not distinct: any continuous
+    attention gives them near-identical rows, so they say nothing about
+    injectivity.
+    """
+    flat = q.transpose(0, 1).reshape(q.shape[1], -1)       # queries x (heads * d)
+    i, j = torch.triu_indices(flat.shape[0], flat.shape[0], offset=1)
+    apart = (flat[i] - flat[j]).abs().amax(dim=-1) > rtol * flat.abs().max()
+    return torch.stack([i[apart], j[apart]], dim=1)
+
+
+def collisions(rows: Tensor, pairs: Tensor, chunk: int = 4096) -> int:
+    """How many of ``pairs`` (distinct queries) get the same attention distribution."""
+    return sum(int(same_rows(rows[p[:, 0]], rows[p[:, 1]]).sum()) for p in pairs.split(chunk))
+
+
+def scaled_query_change(q: Tensor, k: Tensor, idx: Tensor, scale: float, phi,
+                        factors=(0.5, 2.0)) -> dict:
+    """The paper's scaled-query test on the image's own queries.
+
+    For each query ``q_i`` and each ``c`` in ``factors``, the attention rows of
+    ``q_i`` and ``c * q_i`` are compared: linear attention normalises ``c``
+    away (``relu(c q) = c relu(q)``), so its rows are identical; InLine's rows
+    change.  Returns, per method, the largest and the smallest (over queries)
+    relative change of the row, and how many queries kept the same row.
+    """
+    out = {}
+    for name in ('inline', 'linear'):
+        changes, same = [], 0
+        for c in factors:
+            scaled = q.clone()
+            scaled[:, idx] = q[:, idx] * c
+            if name == 'inline':
+                a, b = inline_rows(q, k, idx, scale, phi), inline_rows(scaled, k, idx, scale, phi)
+            else:
+                a, b = linear_rows(q, k, idx), linear_rows(scaled, k, idx)
+            top = torch.maximum(a.abs().amax(-1), b.abs().amax(-1)).clamp_min(1e-30)
+            rel = (a - b).abs().amax(dim=-1) / top
+            changes.append(rel)
+            same += int(same_rows(a, b).sum())
+        rel = torch.cat(changes)
+        out[name] = dict(max_relative_change=float(rel.max()),
+                         min_relative_change=float(rel.min()), unchanged_rows=same,
+                         rows=int(rel.numel()))
+    return out
 
 
 def load_image(path: str, size: int) -> Tuple[np.ndarray, Tensor]:
@@ -141,9 +197,14 @@ def main(argv=None) -> dict:
     sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
     from benchmark import build_backbone
     model = build_backbone(args.backbone).eval()
+    loaded = None
     if args.checkpoint:
+        from mmengine.logging import MMLogger
+
         from inline_mm import load_pretrained
-        load_pretrained(model, args.checkpoint)
+        # prints what was loaded / resized / missing (as init_cfg does in training)
+        loaded = load_pretrained(model, args.checkpoint,
+                                 logger=MMLogger.get_instance('vis_attention', log_level='INFO'))
     stage, index = (int(v) for v in args.block.split('.'))
     blocks = {'InLinePVT': lambda: getattr(model, f'block{stage}'),
               'InLineSwin': lambda: model.layers[stage - 1].blocks,
@@ -163,18 +224,37 @@ def main(argv=None) -> dict:
 
     g = torch.Generator().manual_seed(0)
     sample = torch.randperm(q.shape[1], generator=g)[:args.sample]
+    qs = q[:, sample]
+    pairs = distinct_pairs(attn.phi(qs) if attn.phi is not None else qs)
     inl_all, lin_all = inline_rows(q, k, sample, attn.scale, attn.phi), linear_rows(q, k, sample)
-    report = dict(out=args.out, grid=list(grid), queries=len(sample),
-                  pairs=len(sample) * (len(sample) - 1) // 2,
-                  identical_inline=identical_pairs(inl_all),
-                  identical_linear=identical_pairs(lin_all),
+    total = len(sample) * (len(sample) - 1) // 2
+    report = dict(out=args.out, grid=list(grid), queries=len(sample), pairs=total,
+                  near_duplicate_query_pairs=total - len(pairs), distinct_pairs=len(pairs),
+                  collisions_inline=collisions(inl_all, pairs),
+                  collisions_linear=collisions(lin_all, pairs),
+                  scaled_queries=scaled_query_change(q, k, sample, attn.scale, attn.phi),
                   row_sums_inline=[float(s) for s in inl.sum(-1)])
+    if args.checkpoint:
+        report['checkpoint'] = dict(path=args.checkpoint, loaded=len(loaded['loaded']),
+                                    missing=len(loaded['missing']),
+                                    unexpected=len(loaded['unexpected']))
+    scaled = report['scaled_queries']
     print(f"wrote {args.out}; block {args.block} on a {grid[0]}x{grid[1]} grid")
-    print(f"injectivity check over {report['queries']} queries ({report['pairs']} pairs): "
-          f"identical distributions: InLine {report['identical_inline']}, "
-          f"linear {report['identical_linear']}")
+    print(f"injectivity over {report['queries']} sampled queries ({total} pairs):")
+    print(f"  near-duplicate query vectors (within 1e-3 of the largest entry), left out: "
+          f"{report['near_duplicate_query_pairs']} pairs")
+    print(f"  distinct queries with the same attention distribution: InLine "
+          f"{report['collisions_inline']}, linear (ReLU) {report['collisions_linear']} "
+          f"of {len(pairs)} pairs")
+    print(f"  scaled queries q -> c*q (c = 0.5, 2): InLine rows change by "
+          f"{scaled['inline']['min_relative_change']:.2%} to "
+          f"{scaled['inline']['max_relative_change']:.2%} "
+          f"({scaled['inline']['unchanged_rows']} of {scaled['inline']['rows']} unchanged); "
+          f"linear rows by at most {scaled['linear']['max_relative_change']:.1e} "
+          f"({scaled['linear']['unchanged_rows']} of {scaled['linear']['rows']} unchanged): "
+          f"linear attention cannot tell q from c*q, InLine can")
     return report
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(cli_main(main))

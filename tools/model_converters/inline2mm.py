@@ -17,6 +17,7 @@ import tempfile
 import torch
 
 from inline_mm.checkpoint import extract_state_dict, load_checkpoint_file
+from inline_mm.engine.launch import cli_main
 from inline_mm.models.converters import CONVERTERS, convert, detect_family
 
 
@@ -54,4 +55,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(cli_main(main))

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..layers.inline_attention import tokens_to_grid
 from ..layers.windows import Window, to_window
+from ...errors import ConfigError, MissingFileError
 
 WindowSpec = Union[str, int, Sequence, None]
 
@@ -22,15 +23,28 @@ def resolve_arch(cls_name: str, arch: Union[str, dict], settings: Dict[str, dict
     """Start from an arch preset (or a full dict) and apply explicit overrides."""
     if isinstance(arch, str):
         if arch not in settings:
-            raise ValueError(f"unknown arch {arch!r} for {cls_name}: choose one of "
-                             f"{', '.join(settings)} or pass a dict of structural arguments")
+            raise ConfigError(f"unknown arch {arch!r} for {cls_name}: choose one of "
+                              f"{', '.join(settings)} or pass a dict of structural arguments")
         cfg = dict(settings[arch])
     elif isinstance(arch, dict):
         cfg = dict(arch)
     else:
-        raise TypeError(f'arch of {cls_name} is a preset name or a dict, got {type(arch).__name__}')
+        raise ConfigError(f'arch of {cls_name} is a preset name or a dict, got {type(arch).__name__}')
     cfg.update({k: v for k, v in overrides.items() if v is not None})
     return cfg
+
+
+def check_stage_lists(cls_name: str, cfg: dict, per_stage: Sequence[str]) -> int:
+    """The number of stages (``len(depths)``), checking every per-stage list against it."""
+    num_stages = len(cfg['depths'])
+    if num_stages < 1:
+        raise ConfigError(f'depths of {cls_name} is empty: give one block count per stage')
+    for name in per_stage:
+        value = cfg.get(name)
+        if isinstance(value, (list, tuple)) and len(value) != num_stages:
+            raise ConfigError(f'{name} of {cls_name} has {len(value)} entries but depths '
+                              f'{list(cfg["depths"])} has {num_stages} stages: give one per stage')
+    return num_stages
 
 
 def parse_attn_type(attn_type: Union[str, Sequence[str]], depths: Sequence[int],
@@ -47,27 +61,27 @@ def parse_attn_type(attn_type: Union[str, Sequence[str]], depths: Sequence[int],
     if isinstance(attn_type, str):
         letters, suffix = attn_type[:num_stages], attn_type[num_stages:]
         if len(letters) < num_stages or (suffix and not suffix.isdigit()):
-            raise ValueError(
+            raise ConfigError(
                 f'attn_type {attn_type!r} does not fit {cls_name}: give one letter per stage '
                 f'({num_stages} stages, e.g. {example!r}), followed by the InLine block count '
                 f"of an 'M' stage if there is one (e.g. 'IIMS2')")
         stages = [c + (suffix if c == 'M' else '') for c in letters]
         if suffix and 'M' not in letters:
-            raise ValueError(f"attn_type {attn_type!r}: the trailing number is only allowed "
-                             f"with an 'M' stage")
+            raise ConfigError(f"attn_type {attn_type!r}: the trailing number is only allowed "
+                              f"with an 'M' stage")
     else:
         stages = list(attn_type)
         if len(stages) != num_stages:
-            raise ValueError(f'attn_type {attn_type!r} has {len(stages)} entries but {cls_name} '
-                             f'has {num_stages} stages')
+            raise ConfigError(f'attn_type {attn_type!r} has {len(stages)} entries but {cls_name} '
+                              f'has {num_stages} stages')
     per_block = []
     for stage, (code, depth) in enumerate(zip(stages, depths)):
         match = re.fullmatch(r'([IS])|M(\d+)', code)
         if match is None or code[0] not in allowed:
-            raise ValueError(f'attn_type {attn_type!r}: stage {stage} has {code!r}; {cls_name} '
-                             f"supports {', '.join(repr(a) for a in allowed)}"
-                             + (" ('M' needs its block count, e.g. 'IIMS2')" if code == 'M'
-                                else ''))
+            raise ConfigError(f'attn_type {attn_type!r}: stage {stage} has {code!r}; {cls_name} '
+                              f"supports {', '.join(repr(a) for a in allowed)}"
+                              + (" ('M' needs its block count, e.g. 'IIMS2')" if code == 'M'
+                              else ''))
         if match.group(1):
             per_block.append([code] * depth)
         else:
@@ -95,8 +109,8 @@ def per_stage_windows(spec: WindowSpec, auto: Sequence[Window], name: str) -> Li
             return [(spec[0], spec[1])] * n
         if len(spec) == n:
             return [(None, None) if s in (None, 'global') else to_window(s) for s in spec]
-    raise ValueError(f"{name} is 'auto', 'global', a positive int, an (h, w) pair or a list "
-                     f'of {n} of those (one per stage), got {spec!r}')
+    raise ConfigError(f"{name} is 'auto', 'global', a positive int, an (h, w) pair or a list "
+                      f'of {n} of those (one per stage), got {spec!r}')
 
 
 def init_transformer_weights(module: nn.Module) -> None:
@@ -136,11 +150,11 @@ class InLineBackbone(BaseModule):
         name = type(self).__name__
         out_indices = tuple(out_indices)
         if not out_indices or any(not 0 <= i < self.num_stages for i in out_indices):
-            raise ValueError(f'out_indices {out_indices} of {name} must be a non-empty subset '
-                             f'of 0..{self.num_stages - 1}')
+            raise ConfigError(f'out_indices {out_indices} of {name} must be a non-empty subset '
+                              f'of 0..{self.num_stages - 1}')
         if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages of {name} is -1 (none) to {self.num_stages}, '
-                             f'got {frozen_stages}')
+            raise ConfigError(f'frozen_stages of {name} is -1 (none) to {self.num_stages}, '
+                              f'got {frozen_stages}')
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
         self.with_cp = with_cp
@@ -196,14 +210,37 @@ class InLineBackbone(BaseModule):
                 for p in ('weight', 'bias')}
 
     def init_weights(self) -> None:
-        """Load ``init_cfg`` Pretrained weights, or keep the authors' random init."""
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            from ...checkpoint import load_pretrained
-            load_pretrained(self, cfg['checkpoint'],
-                            state_dict_key=cfg.get('state_dict_key'),
-                            prefix=cfg.get('prefix'),
-                            logger=MMLogger.get_current_instance())
-            self._is_init = True
+        """Load ``init_cfg`` Pretrained weights, or keep the authors' random init.
+
+        ``init_cfg`` may be one dict or a list (as mmdet configs often write
+        it); other initialisers of the list run first through mmengine, the
+        ``Pretrained`` entry last through :func:`~inline_mm.checkpoint.load_pretrained`
+        (key conversion, table resizing, one summary in the log).
+        """
+        cfgs = self.init_cfg if isinstance(self.init_cfg, (list, tuple)) else [self.init_cfg]
+        pretrained = [c for c in cfgs if isinstance(c, dict) and c.get('type') == 'Pretrained']
+        if not pretrained:
+            super().init_weights()
             return
-        super().init_weights()
+        if len(pretrained) > 1:
+            raise ConfigError(f'init_cfg of {type(self).__name__} has '
+                              f'{len(pretrained)} Pretrained entries; keep one')
+        others = [c for c in cfgs if c is not None and c not in pretrained]
+        if others:
+            original, self.init_cfg = self.init_cfg, others
+            try:
+                super().init_weights()
+            finally:
+                self.init_cfg = original
+        cfg = pretrained[0]
+        from ...checkpoint import load_pretrained
+        try:
+            load_pretrained(self, cfg['checkpoint'], state_dict_key=cfg.get('state_dict_key'),
+                            prefix=cfg.get('prefix'), logger=MMLogger.get_current_instance())
+        except MissingFileError as err:
+            raise MissingFileError(
+                f"{err}, named by init_cfg.checkpoint of {type(self).__name__}: download the "
+                f"authors' ImageNet weights into checkpoints/ (see configs/det/README.md) or "
+                f'point init_cfg.checkpoint at your file (init_cfg=None trains from '
+                f'scratch)') from None
+        self._is_init = True

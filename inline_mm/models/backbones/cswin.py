@@ -13,7 +13,9 @@ from ..layers.inline_attention import (InLineCore, grid_to_tokens, tokens_to_gri
                                        zero_padded_tokens)
 from ..layers.softmax_attention import softmax_attention
 from ..layers.windows import Window, pad_image, run_in_windows
-from .base import InLineBackbone, WindowSpec, parse_attn_type, per_stage_windows, resolve_arch
+from .base import (InLineBackbone, WindowSpec, check_stage_lists, parse_attn_type,
+                   per_stage_windows, resolve_arch)
+from ...errors import ConfigError
 
 
 def lepe_conv(dim: int) -> nn.Conv2d:
@@ -46,10 +48,13 @@ class LePEAttention(nn.Module):
         dim, num_heads: channels and heads of this branch.
         window: ``(None, s)`` vertical stripes, ``(s, None)`` horizontal
             stripes, ``(None, None)`` global (the last stage).
+        attn_drop: dropout on the attention weights.
     """
 
-    def __init__(self, dim: int, num_heads: int, window: Window) -> None:
+    def __init__(self, dim: int, num_heads: int, window: Window,
+                 attn_drop: float = 0.) -> None:
         super().__init__()
+        self.attn_drop = nn.Dropout(attn_drop)
         self.get_v = lepe_conv(dim)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -62,7 +67,7 @@ class LePEAttention(nn.Module):
 
     def _attend(self, q, k, v, window, valid, bias):
         out = softmax_attention(self._heads(q), self._heads(k), self._heads(v), self.scale,
-                                mask=bias)
+                                mask=bias, attn_drop=self.attn_drop)
         b, n, c = q.shape
         return out.transpose(1, 2).reshape(b, n, c) + apply_lepe(self.get_v, v, window, valid)
 
@@ -100,12 +105,13 @@ class CSWinBlock(nn.Module):
         two_branches: softmax in two half-width branches (vertical and
             horizontal stripes) instead of one global branch (the last stage).
         inline_window: window of an InLine block.
-        kernel_func, drop, drop_path: see :class:`TransformerBlock`.
+        kernel_func, drop, drop_path, attn_drop: see :class:`TransformerBlock`.
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float, qkv_bias: bool,
                  attn_type: str, split_size: int, two_branches: bool, inline_window: Window,
-                 kernel_func: str = 'identity', drop: float = 0., drop_path: float = 0.) -> None:
+                 kernel_func: str = 'identity', drop: float = 0., drop_path: float = 0.,
+                 attn_drop: float = 0.) -> None:
         super().__init__()
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.norm1 = nn.LayerNorm(dim)
@@ -114,10 +120,10 @@ class CSWinBlock(nn.Module):
         if attn_type == 'I':
             attns = [CSWinInLineAttention(dim, num_heads, inline_window, kernel_func)]
         elif two_branches:
-            attns = [LePEAttention(dim // 2, num_heads // 2, (None, split_size)),
-                     LePEAttention(dim // 2, num_heads // 2, (split_size, None))]
+            attns = [LePEAttention(dim // 2, num_heads // 2, (None, split_size), attn_drop),
+                     LePEAttention(dim // 2, num_heads // 2, (split_size, None), attn_drop)]
         else:
-            attns = [LePEAttention(dim, num_heads, (None, None))]
+            attns = [LePEAttention(dim, num_heads, (None, None), attn_drop)]
         self.attns = nn.ModuleList(attns)
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.mlp = TokenMlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
@@ -185,6 +191,7 @@ class InLineCSWin(InLineBackbone):
         inline_window: InLine windows (see :func:`per_stage_windows`).
         kernel_func, mlp_ratio, qkv_bias, drop_rate, drop_path_rate: block
             settings (drop path 0.2 / 0.4 / 0.5 for T / S / B on ImageNet).
+        attn_drop_rate: dropout on the attention weights of the softmax blocks.
         pretrain_img_size: training size; decides one- vs two-branch softmax
             blocks (one where a stripe covered the whole map) and ``'auto'``.
         out_indices, frozen_stages, with_cp, init_cfg: see :class:`InLineBackbone`.
@@ -204,18 +211,18 @@ class InLineCSWin(InLineBackbone):
                  num_heads: Optional[Sequence[int]] = None, attn_type: Optional[str] = None,
                  split_size: Sequence[int] = (1, 2, 7, 7), inline_window: WindowSpec = 'auto',
                  kernel_func: str = 'identity', mlp_ratio: float = 4., qkv_bias: bool = True,
-                 drop_rate: float = 0., drop_path_rate: float = 0.2,
-                 pretrain_img_size: int = 224, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.2, pretrain_img_size: int = 224, out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
-        super().__init__(out_indices, frozen_stages, with_cp, init_cfg)
         cfg = resolve_arch('InLineCSWin', arch, self.arch_settings, dict(
             embed_dims=embed_dims, depths=depths, num_heads=num_heads, attn_type=attn_type))
+        cfg['split_size'] = split_size
+        num_stages = check_stage_lists('InLineCSWin', cfg, ('num_heads', 'split_size'))
+        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, num_stages)
         self.depths = list(cfg['depths'])
         dims = [cfg['embed_dims'] * 2 ** i for i in range(self.num_stages)]
         self.embed_dims = dims
-        if len(split_size) != self.num_stages:
-            raise ValueError(f'split_size needs one stripe width per stage, got {split_size!r}')
         block_types = parse_attn_type(cfg['attn_type'], self.depths, 'ISM', 'InLineCSWin')
         reso = [pretrain_img_size // (4 * 2 ** i) for i in range(self.num_stages)]
         inline_windows = per_stage_windows(inline_window, [(r, r) for r in reso],
@@ -230,7 +237,7 @@ class InLineCSWin(InLineBackbone):
             self.add_module(f'stage{i + 1}', nn.ModuleList([
                 CSWinBlock(dims[i], cfg['num_heads'][i], mlp_ratio, qkv_bias,
                            block_types[i][j], split_size[i], two_branches, inline_windows[i],
-                           kernel_func, drop_rate, dpr[cur + j])
+                           kernel_func, drop_rate, dpr[cur + j], attn_drop_rate)
                 for j in range(depth)]))
             cur += depth
         for i in self.out_indices:

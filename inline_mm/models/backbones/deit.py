@@ -33,6 +33,8 @@ class InLineDeiT(InLineBackbone):
         pretrain_img_size: size the position table was trained for (224 / 288
             / 448 for T / S / B).
         kernel_func, qkv_bias, drop_rate, drop_path_rate: block settings.
+        attn_drop_rate: accepted for the common signature; InLine has no
+            attention weights to drop.
         final_norm: apply ``norm`` to the output of the last block.
         out_indices: blocks whose outputs are returned.
         frozen_stages: -1 none, 0 the patch embedding / cls / position table,
@@ -51,7 +53,8 @@ class InLineDeiT(InLineBackbone):
                  embed_dims: Optional[int] = None, depth: Optional[int] = None,
                  num_heads: Optional[int] = None, mlp_ratio: float = 4., patch_size: int = 16,
                  pretrain_img_size: Optional[int] = None, kernel_func: str = 'identity',
-                 qkv_bias: bool = True, drop_rate: float = 0., drop_path_rate: float = 0.1,
+                 qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
                  final_norm: bool = True, out_indices: Sequence[int] = (2, 5, 8, 11),
                  frozen_stages: int = -1, with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
@@ -73,7 +76,7 @@ class InLineDeiT(InLineBackbone):
         self.blocks = nn.ModuleList([
             TransformerBlock(dim, cfg['num_heads'], mlp_ratio, attn_type='I', qkv_bias=qkv_bias,
                              kernel_func=kernel_func, num_prefix_tokens=1, drop=drop_rate,
-                             drop_path=dpr[i], norm_eps=1e-6)
+                             attn_drop=attn_drop_rate, drop_path=dpr[i], norm_eps=1e-6)
             for i in range(cfg['depth'])])
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self._finish_init()

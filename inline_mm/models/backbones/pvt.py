@@ -11,7 +11,8 @@ from ..converters import convert_pvt
 from ..layers.blocks import PatchEmbed, TransformerBlock
 from ..layers.inline_attention import tokens_to_grid
 from ..layers.pos_embed import PosEmbedResizer
-from .base import InLineBackbone, WindowSpec, parse_attn_type, per_stage_windows, resolve_arch
+from .base import (InLineBackbone, WindowSpec, check_stage_lists, parse_attn_type,
+                   per_stage_windows, resolve_arch)
 
 _PVT_COMMON = dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16),
                    mlp_ratios=(8, 8, 4, 4), attn_type='IIII')
@@ -40,6 +41,8 @@ class InLinePVT(InLineBackbone):
         pretrain_img_size: size the position tables were trained for.
         qkv_bias: bias on q / kv projections.
         drop_rate: dropout rate.
+        attn_drop_rate: accepted for the common signature; InLine has no
+            attention weights to drop.
         drop_path_rate: stochastic depth (0.1 for T / S, 0.3 for M / L in the
             authors' ImageNet training).
         out_indices, frozen_stages, with_cp, init_cfg: see :class:`InLineBackbone`.
@@ -51,7 +54,6 @@ class InLinePVT(InLineBackbone):
         'medium': dict(_PVT_COMMON, depths=(3, 4, 18, 3)),
         'large': dict(_PVT_COMMON, depths=(3, 8, 27, 3)),
     }
-    patch_sizes = (4, 2, 2, 2)
 
     def __init__(self, arch: Union[str, dict] = 'tiny', in_channels: int = 3,
                  embed_dims: Optional[Sequence[int]] = None,
@@ -60,13 +62,16 @@ class InLinePVT(InLineBackbone):
                  mlp_ratios: Optional[Sequence[float]] = None,
                  attn_type: Optional[str] = None, kernel_func: str = 'identity',
                  inline_window: WindowSpec = 'global', pretrain_img_size: int = 224,
-                 qkv_bias: bool = True, drop_rate: float = 0., drop_path_rate: float = 0.1,
+                 qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.1,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
                  with_cp: bool = False, init_cfg: Optional[dict] = None) -> None:
-        super().__init__(out_indices, frozen_stages, with_cp, init_cfg)
         cfg = resolve_arch('InLinePVT', arch, self.arch_settings, dict(
             embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
             attn_type=attn_type))
+        num_stages = check_stage_lists('InLinePVT', cfg, ('embed_dims', 'num_heads',
+                                                          'mlp_ratios'))
+        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, num_stages)
         self.embed_dims = list(cfg['embed_dims'])
         self.depths = list(cfg['depths'])
         block_types = parse_attn_type(cfg['attn_type'], self.depths, 'I', 'InLinePVT')
@@ -81,7 +86,8 @@ class InLinePVT(InLineBackbone):
             dim = self.embed_dims[i]
             # The reference's patch-embedding LayerNorm keeps the default eps.
             self.add_module(f'patch_embed{i + 1}', PatchEmbed(
-                in_channels if i == 0 else self.embed_dims[i - 1], dim, self.patch_sizes[i],
+                in_channels if i == 0 else self.embed_dims[i - 1], dim,
+                4 if i == 0 else 2,
                 norm_eps=1e-5))
             grid = self.pos_grids[i]
             pos = nn.Parameter(torch.zeros(1, grid[0] * grid[1], dim))
@@ -91,7 +97,8 @@ class InLinePVT(InLineBackbone):
                 TransformerBlock(dim, cfg['num_heads'][i], cfg['mlp_ratios'][i],
                                  attn_type=block_types[i][j], window=windows[i],
                                  qkv_bias=qkv_bias, kernel_func=kernel_func, separate_q=True,
-                                 drop=drop_rate, drop_path=dpr[cur + j], norm_eps=1e-6)
+                                 drop=drop_rate, attn_drop=attn_drop_rate,
+                                 drop_path=dpr[cur + j], norm_eps=1e-6)
                 for j in range(self.depths[i])]))
             cur += self.depths[i]
         self._finish_init()

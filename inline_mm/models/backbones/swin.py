@@ -8,7 +8,8 @@ from torch import Tensor
 from ...registry import register_model
 from ..converters import convert_swin
 from ..layers.blocks import PatchEmbed, PatchMerging, TransformerBlock
-from .base import InLineBackbone, WindowSpec, parse_attn_type, per_stage_windows, resolve_arch
+from .base import (InLineBackbone, WindowSpec, check_stage_lists, parse_attn_type,
+                   per_stage_windows, resolve_arch)
 
 
 class SwinStage(nn.Module):
@@ -44,6 +45,7 @@ class InLineSwin(InLineBackbone):
         kernel_func: InLine kernel phi.
         mlp_ratio, qkv_bias, drop_rate, drop_path_rate: as in Swin (drop path
             0.2 / 0.3 / 0.5 for T / S / B in the authors' ImageNet training).
+        attn_drop_rate: dropout on the attention weights of the softmax blocks.
         pretrain_img_size: the size the InLine windows of ``'auto'`` cover.
         out_indices, frozen_stages, with_cp, init_cfg: see :class:`InLineBackbone`.
     """
@@ -63,12 +65,14 @@ class InLineSwin(InLineBackbone):
                  window_size: Union[int, Tuple[int, int]] = 7,
                  inline_window: WindowSpec = 'auto', kernel_func: str = 'identity',
                  mlp_ratio: float = 4., qkv_bias: bool = True, drop_rate: float = 0.,
-                 drop_path_rate: float = 0.2, pretrain_img_size: int = 224,
+                 attn_drop_rate: float = 0., drop_path_rate: float = 0.2,
+                 pretrain_img_size: int = 224,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
                  with_cp: bool = False, init_cfg: Optional[dict] = None) -> None:
         cfg = resolve_arch('InLineSwin', arch, self.arch_settings, dict(
             embed_dims=embed_dims, depths=depths, num_heads=num_heads, attn_type=attn_type))
-        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, len(cfg['depths']))
+        num_stages = check_stage_lists('InLineSwin', cfg, ('num_heads',))
+        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, num_stages)
         self.depths = list(cfg['depths'])
         dims = [cfg['embed_dims'] * 2 ** i for i in range(self.num_stages)]
         self.embed_dims = dims
@@ -91,7 +95,8 @@ class InLineSwin(InLineBackbone):
                     window=inline_windows[i] if kind == 'I' else softmax_window,
                     shift=0 if j % 2 == 0 else softmax_window[0] // 2,
                     table_window=softmax_window, qkv_bias=qkv_bias, kernel_func=kernel_func,
-                    drop=drop_rate, drop_path=dpr[cur + j], norm_eps=1e-5))
+                    drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[cur + j],
+                    norm_eps=1e-5))
             cur += depth
             downsample = PatchMerging(dims[i]) if i < self.num_stages - 1 else None
             self.layers.append(SwinStage(blocks, downsample))

@@ -9,6 +9,7 @@ from torch import Tensor
 from .inline_attention import InLineAttention, grid_to_tokens
 from .softmax_attention import WindowAttention
 from .windows import Window, pad_image, pad_to_multiple, run_in_windows
+from ...errors import ConfigError
 
 
 class TokenMlp(Mlp):
@@ -101,6 +102,7 @@ class TransformerBlock(nn.Module):
         qkv_bias, kernel_func, separate_q, num_prefix_tokens: see
             :class:`InLineAttention`; with prefix tokens the block is global.
         drop, drop_path: dropout and stochastic depth rates.
+        attn_drop: dropout on the softmax attention weights (InLine has none).
         norm_eps: LayerNorm epsilon.
     """
 
@@ -109,7 +111,7 @@ class TransformerBlock(nn.Module):
                  table_window: Optional[Tuple[int, int]] = None, qkv_bias: bool = True,
                  kernel_func: str = 'identity', separate_q: bool = False,
                  num_prefix_tokens: int = 0, drop: float = 0., drop_path: float = 0.,
-                 norm_eps: float = 1e-5) -> None:
+                 attn_drop: float = 0., norm_eps: float = 1e-5) -> None:
         super().__init__()
         self.attn_type = attn_type
         self.window = window
@@ -120,12 +122,13 @@ class TransformerBlock(nn.Module):
             self.attn = InLineAttention(dim, num_heads, qkv_bias=qkv_bias,
                                         kernel_func=kernel_func,
                                         num_prefix_tokens=num_prefix_tokens,
-                                        separate_q=separate_q, proj_drop=drop)
+                                        separate_q=separate_q, attn_drop=attn_drop,
+                                        proj_drop=drop)
         elif attn_type == 'S':
             self.attn = WindowAttention(dim, num_heads, table_window or window,
-                                        qkv_bias=qkv_bias, proj_drop=drop)
+                                        qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
         else:
-            raise ValueError(f"attn_type of a block is 'I' or 'S', got {attn_type!r}")
+            raise ConfigError(f"attn_type of a block is 'I' or 'S', got {attn_type!r}")
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = TokenMlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=drop)

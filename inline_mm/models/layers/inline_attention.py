@@ -28,6 +28,8 @@ from torch import Tensor
 
 from . import symbolic
 
+from ...errors import ConfigError
+
 
 def _exp_kernel(x: Tensor) -> Tensor:
     return torch.exp(0.2 * x)
@@ -121,10 +123,10 @@ class InLineCore(nn.Module):
                  num_prefix_tokens: int = 0) -> None:
         super().__init__()
         if dim % num_heads:
-            raise ValueError(f'dim {dim} is not divisible by num_heads {num_heads}')
+            raise ConfigError(f'dim {dim} is not divisible by num_heads {num_heads}')
         if kernel_func not in KERNEL_FUNCS:
-            raise ValueError(f'unknown kernel_func {kernel_func!r}: use one of '
-                             f'{sorted(KERNEL_FUNCS)}')
+            raise ConfigError(f'unknown kernel_func {kernel_func!r}: use one of '
+                              f'{sorted(KERNEL_FUNCS)}')
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -201,14 +203,16 @@ class InLineAttention(InLineCore):
         num_prefix_tokens: see :class:`InLineCore`.
         separate_q: project q and kv with two layers (``q``, ``kv``: the PVT
             layout) instead of one fused ``qkv`` layer.
-        attn_drop: unused by InLine (no attention matrix); accepted for
-            signature compatibility.
+        attn_drop: accepted for the common backbone signature
+            (``attn_drop_rate``); InLine forms no attention matrix, so there is
+            no attention weight to drop (the authors' InLine ignores it too).
         proj_drop: dropout after the output projection.
     """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  kernel_func: str = 'identity', num_prefix_tokens: int = 0,
-                 separate_q: bool = False, proj_drop: float = 0.) -> None:
+                 separate_q: bool = False, attn_drop: float = 0.,
+                 proj_drop: float = 0.) -> None:
         super().__init__(dim, num_heads, kernel_func, num_prefix_tokens)
         self.separate_q = separate_q
         if separate_q:

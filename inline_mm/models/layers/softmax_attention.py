@@ -6,7 +6,7 @@ were trained with); a window clipped to a small feature map indexes the
 centre of the same table, so no value is invented.
 """
 from functools import lru_cache
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -76,20 +76,41 @@ class WindowAttention(nn.Module):
         self.relative_position_bias_table = nn.Parameter(torch.zeros(
             (2 * table_window[0] - 1) * (2 * table_window[1] - 1), num_heads))
         trunc_normal_(self.relative_position_bias_table, std=.02)
+        # the index of the full window: a buffer, so it lives on the model's device
+        # (not saved: checkpoints carry none, the converters drop the authors')
+        self.register_buffer('relative_position_index', relative_position_index(
+            self.table_window, self.table_window).clone(), persistent=False)
+        self._clipped_index: Dict[tuple, Tensor] = {}
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+
+    def _index(self, window: Tuple[int, int]) -> Tensor:
+        """The relative position index of ``window``, on the table's device.
+
+        Windows clipped to a small feature map index the centre of the same
+        table; their indices are made once per window size and device.
+        """
+        if window == self.table_window:
+            return self.relative_position_index
+        device = self.relative_position_index.device
+        key = (window, device)
+        index = self._clipped_index.get(key)
+        if index is None:
+            with torch.inference_mode(False):  # cached: must stay usable by autograd
+                index = relative_position_index(window, self.table_window).to(device)
+            self._clipped_index[key] = index
+        return index
 
     def position_bias(self, window: Tuple[int, int]) -> Tensor:
         if symbolic.is_tracing():  # the window may be a size tensor: index in the graph
             index = symbolic.relative_position_index(
                 window, self.table_window, self.relative_position_bias_table.device)
         else:
-            index = relative_position_index(tuple(window), self.table_window)
+            index = self._index(tuple(window))
         n = window[0] * window[1]
-        bias = self.relative_position_bias_table[index.to(
-            self.relative_position_bias_table.device).view(-1)]
+        bias = self.relative_position_bias_table[index.view(-1)]
         return bias.view(n, n, -1).permute(2, 0, 1)
 
     def forward(self, x: Tensor, window: Tuple[int, int], mask: Optional[Tensor] = None

@@ -16,6 +16,8 @@ from torch import Tensor
 
 from . import symbolic
 
+from ...errors import ConfigError
+
 Window = Tuple[Optional[int], Optional[int]]
 
 # Additive bias between tokens of different regions (the value used by Swin).
@@ -29,7 +31,7 @@ def to_window(window: int | Tuple[Optional[int], Optional[int]] | None) -> Windo
     if isinstance(window, int):
         return (window, window)
     if len(window) != 2:
-        raise ValueError(f'a window is an int or a (height, width) pair, got {window!r}')
+        raise ConfigError(f'a window is an int or a (height, width) pair, got {window!r}')
     return (window[0], window[1])
 
 

@@ -1,0 +1,167 @@
+"""The one path the command-line tools take to a Runner, and their error handling.
+
+Every tool that runs a model through mmengine's ``Runner`` (``tools/train.py``,
+``tools/test.py``, the demo) goes through the same steps, written once here:
+
+1. :func:`load_config`: read the config, apply ``--cfg-options`` (refusing a
+   key whose parent does not exist or that looks like a typo of an existing
+   one), set the launcher;
+2. :func:`run_with_runner`: check the data folders and the dataset classes
+   against the config (before anything is built or written), set up the
+   process group (gloo on CPU machines), build the Runner, run the action,
+   and tear the process group down whatever happens.
+
+:func:`cli_main` wraps a tool's ``main``: an error in the user's input (a
+:class:`~inline_mm.errors.UserInputError`: missing data folder, annotation or
+checkpoint file, unknown config option, bad arch, classes that do not match)
+prints one ``error: ...`` line and exits with status 2; any other exception is
+a bug and keeps its traceback.
+"""
+import argparse
+import difflib
+import os
+import os.path as osp
+import sys
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
+
+from mmengine.config import Config, DictAction
+
+from ..errors import ConfigError, MissingFileError, UserInputError
+
+T = TypeVar('T')
+
+#: exit status of a tool stopped by an error in the user's input
+USER_ERROR_EXIT = 2
+
+
+def add_runner_args(parser: argparse.ArgumentParser) -> None:
+    """``--cfg-options``, ``--launcher`` and ``--local-rank``, as the toolkits' tools have them."""
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
+                        help='override config entries, e.g. train_cfg.max_iters=100')
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher (tools/dist_train.sh: pytorch)')
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
+                        help=argparse.SUPPRESS)
+
+
+def _lookup(node: Any, part: str) -> Any:
+    """``node[part]`` for a dict or a list (``part`` an index), KeyError otherwise."""
+    if isinstance(node, (list, tuple)):
+        if not part.lstrip('-').isdigit() or not -len(node) <= int(part) < len(node):
+            raise KeyError(part)
+        return node[int(part)]
+    if isinstance(node, dict) and part in node:
+        return node[part]
+    raise KeyError(part)
+
+
+def check_cfg_options(cfg: Config, options: dict) -> None:
+    """Refuse ``--cfg-options`` keys that cannot be what the user meant.
+
+    A key part that is missing but close to an existing sibling (a typo such
+    as ``train_cfg.max_iter`` for ``max_iters``), or an index past the end of
+    a list (``pipeline.9``), raises :class:`ConfigError`.  Other new keys are
+    allowed: constructor arguments a config does not spell out
+    (``model.backbone.with_cp=True``) and new nested entries
+    (``train_dataloader.dataset.metainfo.classes=...``).
+    """
+    for key in options:
+        parts = key.split('.')
+        node: Any = cfg._cfg_dict
+        for depth, part in enumerate(parts):
+            try:
+                node = _lookup(node, part)
+                continue
+            except KeyError:
+                pass
+            where = '.'.join(parts[:depth]) or 'the config'
+            if isinstance(node, (list, tuple)):
+                raise ConfigError(f"unknown config option '{key}': {where} is a list of "
+                                  f'{len(node)} entries, it has no entry {part!r}')
+            siblings = [str(k) for k in node] if isinstance(node, dict) else []
+            close = difflib.get_close_matches(part, siblings, n=1, cutoff=0.8)
+            if close:
+                raise ConfigError(f"unknown config option '{key}': {where} has no entry "
+                                  f"'{part}' (did you mean "
+                                  f"'{'.'.join(parts[:depth] + close + parts[depth + 1:])}'?)")
+            break
+
+
+def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = 'none'
+                ) -> Config:
+    """Read a config file, apply ``--cfg-options`` and the launcher.
+
+    Raises:
+        MissingFileError: the config file does not exist.
+        ConfigError: an option key does not fit the config (see :func:`check_cfg_options`).
+    """
+    if not osp.isfile(path):
+        raise MissingFileError(f'config file not found: {path!r}')
+    cfg = Config.fromfile(path)
+    cfg.launcher = launcher
+    if cfg_options:
+        check_cfg_options(cfg, cfg_options)
+        cfg.merge_from_dict(cfg_options)
+    return cfg
+
+
+def default_work_dir(cfg: Config, config_path: str, work_dir: Optional[str] = None) -> str:
+    """``work_dir`` if given, else the config's, else ``work_dirs/<config name>``."""
+    return work_dir or cfg.get('work_dir') or osp.join(
+        './work_dirs', osp.splitext(osp.basename(config_path))[0])
+
+
+def set_local_rank(local_rank: int) -> None:
+    """Export ``LOCAL_RANK`` for launchers that pass ``--local-rank`` instead."""
+    os.environ.setdefault('LOCAL_RANK', str(local_rank))
+
+
+def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
+                    action: Callable[[Any], T], check_data: bool = True) -> T:
+    """Check the data, set up distributed processes, build the Runner, run ``action``.
+
+    Args:
+        cfg: the full config (``work_dir`` set).
+        launcher: ``'none'``, ``'pytorch'``, ``'slurm'`` or ``'mpi'``.
+        loaders: the dataloaders whose datasets are checked before anything is
+            built (e.g. ``('train_dataloader', 'val_dataloader')``).
+        action: called with the Runner, e.g. ``lambda r: r.train()``.
+        check_data: run :func:`~inline_mm.engine.runner_utils.check_datasets`.
+
+    Returns:
+        What ``action`` returns.
+    """
+    from mmengine.runner import Runner
+
+    from .dist import finish_distributed, prepare_distributed
+    from .runner_utils import check_datasets
+    if check_data:
+        check_datasets(cfg, loaders)
+    prepare_distributed(cfg, launcher)
+    finished = False
+    try:
+        runner = Runner.from_cfg(cfg)
+        result = action(runner)
+        finished = True
+        return result
+    finally:
+        # after an error on this process the others may never reach a barrier
+        finish_distributed(barrier=finished)
+
+
+def format_user_error(err: BaseException) -> str:
+    """One line for an error in the user's input."""
+    return ' '.join(str(err).split())
+
+
+def cli_main(main: Callable[..., Any], argv: Optional[Iterable[str]] = None) -> int:
+    """Run a tool's ``main``; user errors become one line on stderr and exit status 2.
+
+    Returns the exit status (``main``'s result when it is an int, else 0).
+    """
+    try:
+        result = main(argv)
+    except UserInputError as err:
+        print(f'error: {format_user_error(err)}', file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
+    return result if isinstance(result, int) else 0

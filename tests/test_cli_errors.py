@@ -1,0 +1,78 @@
+"""User errors in the tools: one clear line, exit status 2, no traceback, nothing written."""
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT
+
+# subprocess runs (training, a fresh interpreter): the slow tier
+pytestmark = pytest.mark.slow
+
+TOY_DET = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
+
+
+def tool(*parts):
+    return os.path.join(REPO_ROOT, 'tools', *parts)
+
+
+def run(*args):
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO_ROOT, env=dict(os.environ, OMP_NUM_THREADS='1'))
+
+
+def one_line_error(out, *fragments):
+    assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
+    assert 'Traceback' not in out.stderr, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith('error: '), last
+    for fragment in fragments:
+        assert fragment in last, (fragment, last)
+    return last
+
+
+@pytest.mark.parametrize('args,fragments', [
+    # a missing data folder: names the folder and the layout expected
+    (['--cfg-options', 'train_dataloader.dataset.data_root=nowhere/'],
+     ["dataset folder 'nowhere' not found", 'COCO layout', 'nowhere/train/']),
+    # a typo in an option
+    (['--cfg-options', 'train_cfg.max_iter=3'],
+     ["unknown config option 'train_cfg.max_iter'", "did you mean 'train_cfg.max_iters'"]),
+    # an index past the end of a list
+    (['--cfg-options', 'train_pipeline.9.prob=0'], ['train_pipeline is a list of 5']),
+    # a bad arch, raised while the Runner builds the model
+    (['--cfg-options', 'model.backbone.arch=tiniest'], ["unknown arch 'tiniest' for InLinePVT"]),
+    (['--resume', 'no_such.pth'], ["checkpoint to resume from 'no_such.pth' not found"]),
+])
+def test_train_user_errors(tmp_path, args, fragments):
+    data = tmp_path / 'data'
+    (data / 'annotations').mkdir(parents=True)
+    work = tmp_path / 'work'
+    out = run(tool('train.py'), TOY_DET, '--work-dir', work, *args)
+    one_line_error(out, *fragments)
+    assert not work.exists()
+
+
+def test_missing_config_and_checkpoint(tmp_path):
+    one_line_error(run(tool('train.py'), tmp_path / 'nope.py'), 'config file not found')
+    one_line_error(run(tool('test.py'), TOY_DET, tmp_path / 'nope.pth'),
+                   "checkpoint '" + str(tmp_path / 'nope.pth') + "' not found")
+    one_line_error(run(tool('model_converters', 'inline2mm.py'), tmp_path / 'nope.pth',
+                       tmp_path / 'out.pth'), 'checkpoint file not found')
+    # nothing about init_cfg: the user did not use it
+    out = run(tool('analysis', 'vis_attention.py'), tmp_path / 'img.png', '--checkpoint',
+              tmp_path / 'nope.pth')
+    assert 'init_cfg' not in one_line_error(out, 'not found')
+
+
+def test_verify_tool_names_the_missing_reference_files(tmp_path):
+    out = run(tool('verify_against_reference.py'), '--reference-dir', tmp_path)
+    one_line_error(out, "does not hold the authors' model files", 'inline_pvt.py')
+
+
+def test_unexpected_errors_keep_their_traceback(tmp_path):
+    """A bug is not a user error: it keeps its traceback (here a broken config file)."""
+    bad = tmp_path / 'bad.py'
+    bad.write_text('model = dict(\n')
+    out = run(tool('train.py'), bad)
+    assert out.returncode not in (0, 2) and 'Traceback' in out.stderr
