@@ -14,11 +14,12 @@
 * :func:`load_pretrained` loads an authors' / inline-mm / mmdet / mmseg
   checkpoint into a backbone, resizing position tables, and logs one summary.
 """
-import argparse
+import _compat_pickle
 import logging
 import os
 import pickle
 import re
+from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -70,16 +71,22 @@ def allow_mmengine_checkpoints() -> None:
         torch.serialization.add_safe_globals(_mmengine_checkpoint_types())
 
 
-class _ConfigNode(dict):
+class _ConfigNode:
     """What a pickled yacs ``CfgNode`` is read as: the dict of its entries.
 
     yacs pickles a ``CfgNode`` (a dict subclass) as its items plus its own
-    flags (immutability, deprecated / renamed keys) as instance state; the
-    flags mean nothing without yacs and are dropped.
+    flags (immutability, deprecated / renamed keys) as instance state.
+    ``weights_only`` fills only plain dict types with items, so unpickling
+    makes a tagged ``OrderedDict``; its entries are kept, the flags (which mean
+    nothing without yacs) are dropped by :func:`_plain`.
     """
 
-    def __setstate__(self, state: Any) -> None:
-        pass
+    TAG = '_inline_mm_yacs_cfgnode'
+
+    def __new__(cls, *args: Any) -> 'OrderedDict':
+        node: OrderedDict = OrderedDict()
+        node.__dict__[cls.TAG] = True
+        return node
 
 
 class _Namespace:
@@ -110,7 +117,7 @@ def _plain(obj: Any) -> Any:
         return {k: _plain(v) for k, v in vars(obj).items()}
     if isinstance(obj, dict):
         items = {k: _plain(v) for k, v in obj.items()}
-        if type(obj) is _ConfigNode:
+        if getattr(obj, '__dict__', {}).get(_ConfigNode.TAG):
             return items
         if any(items[k] is not v for k, v in obj.items()):
             return type(obj)(items)
@@ -145,6 +152,11 @@ def _torch_at_least(major: int, minor: int) -> bool:
 _TORCH_NAMED_SAFE_GLOBALS = _torch_at_least(2, 6)
 
 
+#: builtins that newer torch allows under weights_only and older torch's list lacks
+#: (yacs keeps a set of deprecated keys in every CfgNode)
+_BENIGN_BUILTINS: Dict[str, type] = {'builtins.set': set, 'builtins.frozenset': frozenset}
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     """For torch < 2.6: an unpickler that resolves only allow-listed globals.
 
@@ -155,8 +167,12 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         from torch import _weights_only_unpickler
+        # protocol-2 pickles name Python 2 modules (``__builtin__.set``)
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         full = f'{module}.{name}'
-        allowed = AUTHOR_CHECKPOINT_GLOBALS.get(full) or \
+        allowed = AUTHOR_CHECKPOINT_GLOBALS.get(full) or _BENIGN_BUILTINS.get(full) or \
             _weights_only_unpickler._get_allowed_globals().get(full)
         if allowed is None:
             raise pickle.UnpicklingError(f'Unsupported global: GLOBAL {full}')
@@ -227,10 +243,16 @@ def load_checkpoint_file(path: str) -> dict:
 
 
 def _first_line(err: Exception) -> str:
-    """The first line of an error, without torch's advice to disable ``weights_only``."""
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return re.sub(r'\s*\(?[^.]*weights_only=False[^.]*\.?\)?', '', text).strip() or \
-        type(err).__name__
+    """The reason of a failed load, without torch's advice to turn ``weights_only`` off."""
+    text = str(err)
+    # torch wraps the unpickler's reason in a paragraph about weights_only
+    reason = re.search(r'WeightsUnpickler error:\s*(.+)', text)
+    if reason:
+        text = reason.group(1)
+    elif 'weights_only' in text:
+        return 'not loadable with weights_only=True'
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def extract_state_dict(checkpoint: dict, state_dict_key: Optional[str] = None,
@@ -246,7 +268,8 @@ def extract_state_dict(checkpoint: dict, state_dict_key: Optional[str] = None,
         raise CheckpointError(f'a checkpoint is a dict, got {type(checkpoint).__name__}')
     if state_dict_key is not None:
         if state_dict_key not in checkpoint:
-            raise CheckpointError(f'state_dict_key {state_dict_key!r} not in the checkpoint; it has '
+            raise CheckpointError(f'state_dict_key {state_dict_key!r} not in the checkpoint; it '
+                                  f'has '
                                   f'{sorted(k for k in checkpoint if isinstance(k, str))}')
         state_dict = checkpoint[state_dict_key]
     else:
@@ -294,7 +317,8 @@ def adapt_to_model(state_dict: StateDict, model: nn.Module) -> Tuple[StateDict, 
             out[key] = resize_rel_pos_bias_table(value, new_window_size=window,
                                                  new_bias_shape=tuple(target.shape))
         else:
-            raise CheckpointError(f'checkpoint tensor {key!r} has shape {tuple(value.shape)} but the '
+            raise CheckpointError(f'checkpoint tensor {key!r} has shape {tuple(value.shape)} '
+                                  f'but the '
                                   f'model expects {tuple(target.shape)}, and it cannot be resized: '
                                   f'check that the checkpoint matches the arch / embed_dims / '
                                   f'num_heads of the model')
@@ -320,9 +344,10 @@ def load_pretrained(model: nn.Module, path: str, state_dict_key: Optional[str] =
             family = f' (its keys look like InLine-{detect_family(state_dict)})'
         except CheckpointError:
             family = ''
-        raise CheckpointError(f'none of the {len(state_dict)} tensors in {path} matches a parameter '
-                              f'of {type(model).__name__}{family}: is it a checkpoint of another '
-                              f'model? Use the backbone it was trained with, or set init_cfg.prefix '
+        raise CheckpointError(f'none of the {len(state_dict)} tensors in {path} matches a '
+                              f'parameter of {type(model).__name__}{family}: is it a checkpoint '
+                              f'of another model? Use the backbone it was trained with, or set '
+                              f'init_cfg.prefix '
                               f'to the prefix of the backbone keys')
     state_dict, resized = adapt_to_model(state_dict, model)
     missing = [k for k in own if k not in state_dict]

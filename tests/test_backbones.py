@@ -3,6 +3,7 @@ import math
 
 import pytest
 import torch
+from conftest import requires_cpu_fp16
 
 from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
 from inline_mm.models.layers.blocks import TransformerBlock
@@ -206,6 +207,7 @@ def test_padded_tokens_never_reach_real_ones_in_cswin_stripes(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+@requires_cpu_fp16
 @pytest.mark.parametrize('cls', list(SMALL))
 def test_fp16_autocast_outputs_finite(cls):
     """Under fp16 autocast (the GPU AMP dtype) every output stays finite at a large size."""

@@ -6,6 +6,8 @@ import sys
 import pytest
 from conftest import REPO_ROOT
 
+from inline_mm.datasets import make_coco_toy
+
 # subprocess runs (training, a fresh interpreter): the slow tier
 pytestmark = pytest.mark.slow
 
@@ -31,26 +33,42 @@ def one_line_error(out, *fragments):
     return last
 
 
-@pytest.mark.parametrize('args,fragments', [
+@pytest.fixture(scope='module')
+def toy_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('data') / 'coco_toy')
+    make_coco_toy(root, num_train=2, num_val=1, image_size=64, seed=1)
+    return root
+
+
+@pytest.mark.parametrize('options,args,fragments', [
     # a missing data folder: names the folder and the layout expected
-    (['--cfg-options', 'train_dataloader.dataset.data_root=nowhere/'],
+    ({'train_dataloader.dataset.data_root': 'nowhere/'}, [],
      ["dataset folder 'nowhere' not found", 'COCO layout', 'nowhere/train/']),
     # a typo in an option
-    (['--cfg-options', 'train_cfg.max_iter=3'],
+    ({'train_cfg.max_iter': 3}, [],
      ["unknown config option 'train_cfg.max_iter'", "did you mean 'train_cfg.max_iters'"]),
     # an index past the end of a list
-    (['--cfg-options', 'train_pipeline.9.prob=0'], ['train_pipeline is a list of 5']),
+    ({'train_pipeline.9.prob': 0}, [], ['train_pipeline is a list of 5']),
     # a bad arch, raised while the Runner builds the model
-    (['--cfg-options', 'model.backbone.arch=tiniest'], ["unknown arch 'tiniest' for InLinePVT"]),
-    (['--resume', 'no_such.pth'], ["checkpoint to resume from 'no_such.pth' not found"]),
+    ({'model.backbone.arch': 'tiniest'}, [], ["unknown arch 'tiniest' for InLinePVT"]),
+    ({}, ['--resume', 'no_such.pth'], ["checkpoint to resume from 'no_such.pth' not found"]),
 ])
-def test_train_user_errors(tmp_path, args, fragments):
-    data = tmp_path / 'data'
-    (data / 'annotations').mkdir(parents=True)
+def test_train_user_errors(tmp_path, toy_root, options, args, fragments):
+    data = {f'{split}_dataloader.dataset.data_root': toy_root + '/'
+            for split in ('train', 'val', 'test')}
+    data.update({'val_evaluator.ann_file': toy_root + '/annotations/instances_val.json',
+                 'test_evaluator.ann_file': toy_root + '/annotations/instances_val.json'})
+    data.update(options)
     work = tmp_path / 'work'
-    out = run(tool('train.py'), TOY_DET, '--work-dir', work, *args)
+    out = run(tool('train.py'), TOY_DET, '--work-dir', work, *args, '--cfg-options',
+              *[f'{k}={v}' for k, v in data.items()])
     one_line_error(out, *fragments)
-    assert not work.exists()
+    # checked before the Runner starts: nothing written; a model error stops the Runner
+    # while it builds the model: at most its log, no checkpoint
+    if 'arch' in str(options):
+        assert not list(work.rglob('*.pth'))
+    else:
+        assert not work.exists()
 
 
 def test_missing_config_and_checkpoint(tmp_path):

@@ -217,13 +217,15 @@ def test_cpu_autocast_wrapper_runs_the_forward_in_bf16():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of --amp")
 def test_amp_on_the_cpu(tmp_path):
-    """--amp without a GPU: bf16 autocast for segmentors, a clear refusal for detectors."""
+    """--amp without a GPU: bf16 autocast of a whole segmentor, of a detector's backbone + neck."""
     sys.path.insert(0, os.path.join(REPO_ROOT, 'tools'))
     import train
     args = train.parse_args([SEG_CONFIG, '--amp', '--work-dir', str(tmp_path / 'seg')])
     cfg = train.build_config(args)
     assert cfg.optim_wrapper.type == 'CPUAutocastOptimWrapper'
     assert cfg.optim_wrapper.dtype == 'bfloat16' and 'loss_scale' not in cfg.optim_wrapper
-    with pytest.raises(ValueError, match='without --amp'):
-        train.build_config(train.parse_args([CONFIG, '--amp', '--work-dir', str(tmp_path)]))
+    assert not cfg.optim_wrapper.get('parts')  # the whole forward
+    cfg = train.build_config(train.parse_args([CONFIG, '--amp', '--work-dir', str(tmp_path)]))
+    assert cfg.optim_wrapper.type == 'CPUAutocastOptimWrapper'
+    assert list(cfg.optim_wrapper.parts) == ['backbone', 'neck']
     assert not os.path.exists(tmp_path / 'seg')  # nothing written before the run starts

@@ -12,6 +12,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
+from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
 from inline_mm.engine.launch import cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import draw_predictions, task_of  # noqa: E402
 from inline_mm.errors import MissingFileError  # noqa: E402
@@ -24,6 +25,9 @@ def parse_args(argv=None):
     parser.add_argument('--checkpoint', required=True, help='checkpoint file')
     parser.add_argument('--out-dir', required=True, help='where the drawn images go')
     parser.add_argument('--device', default='cpu')
+    parser.add_argument('--amp', action='store_true',
+                        help='mixed precision: fp16 on a GPU, bf16 on the CPU (detectors: '
+                        'backbone and neck, the heads and mmcv ops stay fp32)')
     parser.add_argument('--score-thr', type=float, default=0.3,
                         help='detection: draw instances above this score')
     parser.add_argument('--opacity', type=float, default=0.5,
@@ -44,6 +48,8 @@ def main(argv=None) -> None:
     else:
         from mmseg.apis import init_model
     model = init_model(cfg, args.checkpoint, device=args.device)
+    if args.amp:
+        enable_inference_autocast(model, task_of(cfg))
     written = draw_predictions(model, cfg, args.images, args.out_dir, args.score_thr,
                                args.opacity)
     print(f'\nwrote {len(written)} image(s) to {args.out_dir}')

@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import inline_mm.engine  # noqa: E402,F401  (SegTestVisualizationHook, DumpSegResults)
+from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
 from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
                                      load_config, run_with_runner, set_local_rank)
 from inline_mm.engine.runner_utils import task_of  # noqa: E402
@@ -30,6 +31,9 @@ def parse_args(argv=None):
     parser.add_argument('--work-dir', help='where the evaluation log goes')
     parser.add_argument('--out', help='dump the predictions to this pickle file (detectors: '
                         'boxes / scores / labels / RLE masks; segmentors: label maps)')
+    parser.add_argument('--amp', action='store_true',
+                        help='mixed precision: fp16 on a GPU, bf16 on the CPU (detectors: '
+                        'backbone and neck, the heads and mmcv ops stay fp32)')
     parser.add_argument('--show-dir', help='draw the predictions of every test image into '
                         '<work_dir>/<timestamp>/<show-dir>/')
     add_runner_args(parser)
@@ -60,7 +64,13 @@ def main(argv=None) -> None:
         evaluators = cfg.test_evaluator
         cfg.test_evaluator = [evaluators, dump] if isinstance(evaluators, dict) \
             else [*evaluators, dump]
-    run_with_runner(cfg, args.launcher, ('test_dataloader',), lambda runner: runner.test())
+
+    def test(runner):
+        if args.amp:
+            enable_inference_autocast(runner.model, task)
+        return runner.test()
+
+    run_with_runner(cfg, args.launcher, ('test_dataloader',), test)
 
 
 if __name__ == '__main__':

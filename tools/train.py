@@ -16,9 +16,9 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-import torch  # noqa: E402
 from mmengine.config import Config  # noqa: E402
 
+from inline_mm.engine.amp import configure_amp  # noqa: E402
 from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
                                      load_config, run_with_runner, set_local_rank)
 from inline_mm.engine.runner_utils import task_of  # noqa: E402
@@ -34,7 +34,8 @@ def parse_args(argv=None):
                         help='resume from CKPT, or from the latest checkpoint of the work dir '
                         'when no path is given')
     parser.add_argument('--amp', action='store_true',
-                        help='mixed precision (fp16 AMP on a GPU, bf16 autocast on the CPU)')
+                        help='mixed precision: fp16 AMP on a GPU; bf16 autocast on the CPU '
+                        '(detectors: backbone and neck, the heads and mmcv ops stay fp32)')
     parser.add_argument('--auto-scale-lr', action='store_true',
                         help='scale the learning rate by the actual total batch size')
     add_runner_args(parser)
@@ -43,28 +44,12 @@ def parse_args(argv=None):
     return args
 
 
-def configure_amp(cfg: Config) -> None:
-    """``--amp``: fp16 AMP on a GPU; bf16 autocast on the CPU (segmentors)."""
-    wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-    if not torch.cuda.is_available():  # mmengine's AmpOptimWrapper needs a GPU
-        if task_of(cfg) == 'mmdet':
-            raise ConfigError('--amp without a GPU means bf16 autocast, and the CPU kernels '
-                              "of mmcv's NMS / RoIAlign take fp32 only: train detectors "
-                              'on the CPU without --amp (segmentors support it)')
-        cfg.optim_wrapper.type = 'CPUAutocastOptimWrapper'
-        cfg.optim_wrapper.pop('loss_scale', None)
-        cfg.optim_wrapper.setdefault('dtype', 'bfloat16')
-    elif wrapper != 'AmpOptimWrapper':
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
-        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
-
-
 def build_config(args) -> Config:
     cfg = load_config(args.config, args.cfg_options, args.launcher)
     task_of(cfg)
     cfg.work_dir = default_work_dir(cfg, args.config, args.work_dir)
-    if args.amp:
-        configure_amp(cfg)
+    if args.amp:  # fp16 AMP on a GPU; bf16 autocast on the CPU (detectors: backbone + neck)
+        configure_amp(cfg, task_of(cfg))
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
             raise ConfigError('--auto-scale-lr needs auto_scale_lr.base_batch_size (the total '

@@ -15,11 +15,13 @@ import os
 import os.path as osp
 import time
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 #: What ``--part`` can export.
@@ -154,6 +156,37 @@ def example_input(shape: Tuple[int, int], batch: int = 1, seed: int = 0) -> Tens
     return torch.randn(batch, 3, shape[0], shape[1], generator=gen)
 
 
+@contextmanager
+def _traceable_toolkit_resizes() -> Iterator[None]:
+    """Keep the toolkits' resizes dynamic while exporting.
+
+    mmseg's ``Upsample`` (the scale heads of Semantic FPN's ``FPNHead``) turns
+    the input size into Python ints before it resizes, which the tracer
+    records as constants: the exported head would resize every input to the
+    export size.  During the export it resizes by its scale factor instead,
+    the same output size for every input (``floor(size * factor)``).
+    """
+    try:
+        from mmseg.models.utils import Upsample
+    except ImportError:  # no segmentation toolkit: nothing to patch
+        yield
+        return
+
+    original = Upsample.forward
+
+    def forward(self, x):
+        if self.size or not self.scale_factor:
+            return original(self, x)
+        return F.interpolate(x, scale_factor=self.scale_factor, mode=self.mode,
+                             align_corners=self.align_corners)
+
+    Upsample.forward = forward
+    try:
+        yield
+    finally:
+        Upsample.forward = original
+
+
 def export_onnx(module: nn.Module, shape: Tuple[int, int], path: str, dynamic: bool = True,
                 batch: int = 1, opset: int = OPSET) -> List[str]:
     """Trace ``module`` at ``shape`` = (H, W) and write an ONNX file.
@@ -180,7 +213,7 @@ def export_onnx(module: nn.Module, shape: Tuple[int, int], path: str, dynamic: b
         dynamic_axes.update({name: {2: f'{name}_height', 3: f'{name}_width'}
                              for name in outputs})
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), _traceable_toolkit_resizes():
         # The tracer warns about every size it turns into a Python value; the
         # sizes that matter are tensors under tracing, and the parity check at
         # other sizes is what proves the graph dynamic.

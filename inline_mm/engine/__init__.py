@@ -7,6 +7,8 @@ installed toolkits') registries.  Configs that use them name it in
 ``import inline_mm`` does not import it.
 """
 from . import metrics, visualization  # noqa: F401  (registration)
+from .amp import configure_amp, cpu_has_fast_bf16, enable_inference_autocast
+from .autocast import AutocastHandle, autocast_parts
 from .dist import AnyDeviceDistributedDataParallel
 from .fault_tolerance import (PREEMPTED_EXIT_CODE, AtomicLocalBackend, BadSampleLimitError,
                               CheckpointWriteError, SkipBadSamples)
@@ -14,7 +16,9 @@ from .hooks import (AtomicCheckpointHook, MeanLossLoggerHook, NonFiniteLossError
                     NonFiniteLossHook, PreemptionHook, RNGStateHook)
 from .optim_wrappers import CPUAutocastOptimWrapper
 
-__all__ = ['AnyDeviceDistributedDataParallel', 'MeanLossLoggerHook', 'RNGStateHook',
+__all__ = ['configure_amp', 'cpu_has_fast_bf16', 'enable_inference_autocast', 'AutocastHandle',
+           'autocast_parts', 'AnyDeviceDistributedDataParallel', 'MeanLossLoggerHook',
+           'RNGStateHook',
            'CPUAutocastOptimWrapper', 'AtomicCheckpointHook', 'PreemptionHook',
            'NonFiniteLossHook', 'NonFiniteLossError', 'SkipBadSamples', 'AtomicLocalBackend',
            'BadSampleLimitError', 'CheckpointWriteError', 'PREEMPTED_EXIT_CODE']

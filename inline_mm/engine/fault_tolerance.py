@@ -505,10 +505,11 @@ class SkipBadSamples:
         if len(self._bad) > self.limit:
             listing = '\n'.join(f'  {path}: {reason}' for path, reason in
                                 sorted(self._bad.values()))
+            rule = 'max_bad_count' if self.max_bad_count is not None else \
+                f'max_bad_fraction={self.max_bad_fraction} of {len(self.dataset)}'
             raise BadSampleLimitError(
                 f'{len(self._bad)} bad samples in the training set, more than the limit of '
-                f'{self.limit} ({"max_bad_count" if self.max_bad_count is not None else f"max_bad_fraction={self.max_bad_fraction} of {len(self.dataset)}"}); '
-                f'fix or remove these files:\n{listing}')
+                f'{self.limit} ({rule}); fix or remove these files:\n{listing}')
 
     @property
     def bad_samples(self) -> Dict[int, Tuple[str, str]]:

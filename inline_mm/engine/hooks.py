@@ -286,7 +286,7 @@ class AtomicCheckpointHook(CheckpointHook):
                 error = err
         if _agree(error is not None):
             previous = [p for p in self._previous_checkpoints(runner, path)]
-            where = getattr(error, 'filename', None) or path
+            where = path  # the checkpoint the user looks for, not the temp file
             reason = getattr(error, 'strerror', None) or str(error) if error else \
                 'the process of rank 0 could not write it'
             raise CheckpointWriteError(

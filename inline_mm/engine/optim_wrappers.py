@@ -12,6 +12,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
@@ -38,12 +39,22 @@ class CPUAutocastOptimWrapper(OptimWrapper):
         parts: names of the submodules to autocast, e.g.
             ``('backbone', 'neck')``; None (default) autocasts the whole
             training forward, losses included.
+        only_with_bf16_units: run in fp32 instead on CPUs without bf16 units
+            (AVX512-BF16 / AMX), where torch's bf16 kernels are several times
+            slower than fp32 (configs that want speed, not bf16 itself, set it).
         **kwargs: as for :class:`mmengine.optim.OptimWrapper`.
     """
 
     def __init__(self, *args, dtype: Union[str, torch.dtype] = 'bfloat16',
-                 parts: Optional[Sequence[str]] = None, **kwargs) -> None:
+                 parts: Optional[Sequence[str]] = None, only_with_bf16_units: bool = False,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        from .amp import cpu_has_fast_bf16
+        self.autocast_enabled = not (only_with_bf16_units and cpu_has_fast_bf16() is False)
+        if not self.autocast_enabled:
+            print_log('CPUAutocastOptimWrapper: this CPU has no bf16 units (AVX512-BF16 / '
+                      'AMX), so the forward runs in fp32 (only_with_bf16_units=True)',
+                      logger='current')
         if isinstance(dtype, str):
             if dtype not in ('bfloat16', 'float16'):
                 raise ValueError(f"dtype of CPUAutocastOptimWrapper is 'bfloat16' or "
@@ -64,7 +75,10 @@ class CPUAutocastOptimWrapper(OptimWrapper):
 
     @contextmanager
     def optim_context(self, model: nn.Module):
-        if self.parts is None:
+        if not self.autocast_enabled:
+            with super().optim_context(model):
+                yield
+        elif self.parts is None:
             with super().optim_context(model), torch.autocast('cpu', dtype=self.cast_dtype):
                 yield
         else:

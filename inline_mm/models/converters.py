@@ -87,9 +87,10 @@ def detect_family(state_dict: StateDict) -> str:
         return 'swin'
     if 'cls_token' in keys or any(k.startswith('blocks.') for k in keys):
         return 'deit'
-    raise CheckpointError('cannot tell the InLine family of this state dict: none of the '
-                          "keys 'stage1_conv_embed.*' (CSwin), 'block1.*' (PVT), 'layers.*' (Swin), "
-                          "'blocks.*' / 'cls_token' (DeiT) is present; pass the family explicitly")
+    raise CheckpointError("cannot tell the InLine family of this state dict: none of the keys "
+                          "'stage1_conv_embed.*' (CSwin), 'block1.*' (PVT), 'layers.*' (Swin), "
+                          "'blocks.*' / 'cls_token' (DeiT) is present; pass the family "
+                          'explicitly')
 
 
 def convert(state_dict: StateDict, family: str | None = None) -> StateDict:

@@ -43,7 +43,8 @@ def capture_qk(model: torch.nn.Module, block: torch.nn.Module, image: Tensor
     """Run the model and return ``phi(q), phi(k)`` ``(heads, N, d)`` of the block."""
     attn = block.attn
     if not isinstance(attn, InLineAttention):
-        raise ConfigError(f'block {type(block).__name__} has no InLine attention: pick an InLine block')
+        raise ConfigError(f'block {type(block).__name__} has no InLine attention: pick an '
+                          f'InLine block')
     store = {}
 
     def hook(module, args, kwargs):

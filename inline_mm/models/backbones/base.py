@@ -29,7 +29,8 @@ def resolve_arch(cls_name: str, arch: Union[str, dict], settings: Dict[str, dict
     elif isinstance(arch, dict):
         cfg = dict(arch)
     else:
-        raise ConfigError(f'arch of {cls_name} is a preset name or a dict, got {type(arch).__name__}')
+        raise ConfigError(f'arch of {cls_name} is a preset name or a dict, '
+                          f'got {type(arch).__name__}')
     cfg.update({k: v for k, v in overrides.items() if v is not None})
     return cfg
 

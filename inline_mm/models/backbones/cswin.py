@@ -15,7 +15,6 @@ from ..layers.softmax_attention import softmax_attention
 from ..layers.windows import Window, pad_image, run_in_windows
 from .base import (InLineBackbone, WindowSpec, check_stage_lists, parse_attn_type,
                    per_stage_windows, resolve_arch)
-from ...errors import ConfigError
 
 
 def lepe_conv(dim: int) -> nn.Conv2d:
@@ -212,7 +211,8 @@ class InLineCSWin(InLineBackbone):
                  split_size: Sequence[int] = (1, 2, 7, 7), inline_window: WindowSpec = 'auto',
                  kernel_func: str = 'identity', mlp_ratio: float = 4., qkv_bias: bool = True,
                  drop_rate: float = 0., attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0.2, pretrain_img_size: int = 224, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 drop_path_rate: float = 0.2, pretrain_img_size: int = 224,
+                 out_indices: Sequence[int] = (0, 1, 2, 3),
                  frozen_stages: int = -1, with_cp: bool = False,
                  init_cfg: Optional[dict] = None) -> None:
         cfg = resolve_arch('InLineCSWin', arch, self.arch_settings, dict(

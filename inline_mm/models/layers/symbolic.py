@@ -21,8 +21,12 @@ Size = Union[int, Tensor]
 
 
 def is_tracing() -> bool:
-    """True while the TorchScript tracer records a graph (``torch.onnx.export``)."""
-    return torch.jit.is_tracing()
+    """True while ``torch.onnx.export`` records a graph.
+
+    Other tracers (mmengine's FLOP counter traces with ``torch.jit``) keep the
+    eager code, so they see the same operations as a real forward.
+    """
+    return torch.onnx.is_in_onnx_export()
 
 
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],
