@@ -61,6 +61,7 @@ def test_flops_scale_linearly_with_tokens():
     assert f4 / f1 == pytest.approx(4, rel=0.01)
 
 
+@pytest.mark.slow
 def test_get_flops_tool_on_a_config(tmp_path):
     from mmengine.config import Config
     cfg = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py'))
@@ -86,6 +87,7 @@ def test_get_flops_tool_on_a_config(tmp_path):
     assert rows[0]['flops'] != rows[1]['flops']
 
 
+@pytest.mark.slow
 def test_benchmark_writes_json_and_png(tmp_path):
     results = benchmark.main(['--compare', 'pvt', 'swin', '--sizes', '64', '96x64', '--warmup', '1',
                               '--repeats', '2', '--threads', '1', '--out', str(tmp_path)])
@@ -143,6 +145,7 @@ def test_scaled_queries_separate_inline_from_linear_attention():
     assert change['inline']['min_relative_change'] > 1e-3
 
 
+@pytest.mark.slow
 def test_vis_attention_writes_an_image(tmp_path):
     import cv2
     image = tmp_path / 'img.png'
@@ -160,6 +163,7 @@ def test_vis_attention_writes_an_image(tmp_path):
     assert report['scaled_queries']['linear']['unchanged_rows'] == 64
 
 
+@pytest.mark.slow
 def test_training_iteration_benchmark(tmp_path):
     out = tmp_path / 'train.json'
     result = benchmark_train.main(['--size', '96x64', '--batch-size', '1', '--objects', '2',

@@ -50,6 +50,7 @@ ARCHS = [(InLinePVT, a) for a in ('tiny', 'small', 'medium', 'large')] + \
         [(InLineDeiT, a) for a in ('tiny', 'small', 'base')]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('cls,arch', ARCHS)
 def test_every_arch_at_224_and_odd_sizes(cls, arch):
     model = cls(arch=arch).eval()

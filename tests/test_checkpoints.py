@@ -42,6 +42,7 @@ def test_reference_key_lists_are_present():
         for a in archs), f'expected the 13 official key lists in {TSV_DIR}'
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('tsv', TSVS, ids=[os.path.basename(t)[:-4] for t in TSVS])
 def test_converter_consumes_every_official_key(tsv, tmp_path):
     _, family, arch = os.path.basename(tsv)[:-4].split('_')

@@ -39,6 +39,7 @@ def test_the_expected_configs_exist():
     assert 'seg/upernet_inline-deit-s_mln_8xb2-160k_ade20k-512x512.py' in names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
 def test_config_builds_and_runs_forward(path):
     cfg = Config.fromfile(path)

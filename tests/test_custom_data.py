@@ -15,6 +15,9 @@ from inline_mm.datasets import make_ade_toy, make_coco_toy
 
 TRAIN = os.path.join(REPO_ROOT, 'tools', 'train.py')
 
+# subprocess runs (training, fresh interpreters): the slow tier
+pytestmark = pytest.mark.slow
+
 
 def readme_config(marker: str) -> str:
     with open(os.path.join(REPO_ROOT, 'README.md')) as f:

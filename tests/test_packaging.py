@@ -11,6 +11,9 @@ from conftest import REPO_ROOT
 
 SETUP_CFG = os.path.join(REPO_ROOT, 'setup.cfg')
 
+# subprocess runs (training, fresh interpreters): the slow tier
+pytestmark = pytest.mark.slow
+
 
 def _setup_cfg():
     cfg = configparser.ConfigParser()

@@ -102,47 +102,30 @@ def build_backbone(name: str) -> nn.Module:
                      f'mmdet_swin_t, timm_deit_t, or --config')
 
 
-class WholeModel(nn.Module):
-    """Tensor-mode forward of a detector / segmentor (backbone, neck and heads).
+def _whole_model_class():
+    from inline_mm.engine.runner_utils import TensorModeForward
 
-    Data samples are built for the size of each input batch (a detector's
-    RPN / RoI heads read ``img_shape`` and ``batch_input_shape`` from them).
-    ``amp_parts`` names what ``bf16`` / ``fp16`` autocasts: the backbone and
-    the neck of a detector, None (all) for a segmentor.
-    """
+    class WholeModel(TensorModeForward):
+        """Tensor-mode forward of a detector / segmentor (backbone, neck and heads).
 
-    def __init__(self, model: nn.Module, task: str) -> None:
-        super().__init__()
-        from inline_mm.engine.amp import amp_parts
-        self.model = model
-        self.task = task
-        self.amp_parts = amp_parts(task)
+        ``amp_parts`` names what ``bf16`` / ``fp16`` autocasts: the backbone and
+        the neck of a detector, None (all) for a segmentor.
+        """
 
-    def data_samples(self, x: torch.Tensor) -> list:
-        if self.task == 'mmdet':
-            from mmdet.structures import DetDataSample as Sample
-        else:
-            from mmseg.structures import SegDataSample as Sample
-        h, w = x.shape[-2:]
-        meta = dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w),
-                    batch_input_shape=(h, w), scale_factor=(1., 1.))
-        return [Sample(metainfo=meta) for _ in range(x.shape[0])]
+        def __init__(self, model: nn.Module, task: str) -> None:
+            from inline_mm.engine.amp import amp_parts
+            super().__init__(model, task)
+            self.amp_parts = amp_parts(task)
 
-    def forward(self, x: torch.Tensor):
-        return self.model._forward(x, self.data_samples(x))
+    return WholeModel
 
 
-def build_from_config(path: str) -> WholeModel:
-    from mmengine.config import Config
-    from mmengine.registry import init_default_scope
-
-    from inline_mm.engine.runner_utils import task_of
-    cfg = Config.fromfile(path)
-    task = task_of(cfg)
-    init_default_scope(task)
-    cfg.model.backbone.init_cfg = None
-    registry = __import__(f'{task}.registry', fromlist=['MODELS']).MODELS
-    return WholeModel(registry.build(cfg.model), task)
+def build_from_config(path: str) -> nn.Module:
+    """The whole model of a config (random weights) as an image -> outputs module."""
+    from inline_mm.engine.launch import load_config
+    from inline_mm.engine.runner_utils import build_model, task_of
+    cfg = load_config(path)
+    return _whole_model_class()(build_model(cfg), task_of(cfg))
 
 
 def parse_size(text: str) -> Tuple[int, int]:
@@ -165,7 +148,7 @@ def autocast(dtype: str, device: str):
 @contextmanager
 def precision(model: nn.Module, dtype: str, device: str) -> Iterator[None]:
     """The context ``model`` runs in for ``dtype``: autocast of the whole forward,
-    or of ``model.amp_parts`` only (detector configs, see :class:`WholeModel`)."""
+    or of ``model.amp_parts`` only (detector configs, see :func:`build_from_config`)."""
     parts = getattr(model, 'amp_parts', None)
     if dtype == 'fp32' or parts is None:
         with autocast(dtype, device):
