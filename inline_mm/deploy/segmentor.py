@@ -46,7 +46,13 @@ def draw_images(model: nn.Module, cfg, images: Sequence[str], results: Sequence[
     os.makedirs(out_dir, exist_ok=True)
     visualizer = VISUALIZERS.build(dict(cfg.visualizer, name=f'inline_mm_onnx_{id(model)}',
                                         save_dir=None, vis_backends=None))
-    visualizer.dataset_meta = model.dataset_meta
+    # a model loaded from a checkpoint carries its classes; a freshly built one takes
+    # those of the config's test dataset
+    meta = getattr(model, 'dataset_meta', None)
+    if not meta:
+        from ..engine.runner_utils import dataset_metainfo
+        meta = dataset_metainfo(cfg)
+    visualizer.dataset_meta = meta
     visualizer.alpha = opacity
     written = []
     for path, result in zip(images, results):

@@ -78,6 +78,19 @@ def _config_classes(task: str, ds: ConfigDict) -> Tuple[Optional[Sequence[str]],
     return (tuple(classes) if classes else None), f'the default classes of {name}'
 
 
+def dataset_metainfo(cfg: Config, loader: str = 'test_dataloader') -> dict:
+    """Classes / palette of a config's dataset: its class defaults updated by ``metainfo``."""
+    task = task_of(cfg)
+    found = _datasets(cfg, (loader,))
+    if not found:
+        return {}
+    ds = found[0][1]
+    cls = _dataset_class(task, ds)
+    meta = dict(getattr(cls, 'METAINFO', None) or {}) if cls else {}
+    meta.update(ds.get('metainfo') or {})
+    return meta
+
+
 def _head_num_classes(model: Any, path: str = 'model') -> List[Tuple[str, int]]:
     """``(key path, num_classes)`` of every head of a model config (RPN heads excepted)."""
     found = []
