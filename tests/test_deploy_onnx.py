@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip('onnx', reason='onnx not installed: make install-deploy')
-pytest.importorskip('onnxruntime', reason='onnxruntime not installed: make install-deploy')
+pytest.importorskip('onnx', reason='onnx not installed: make install (deploy extra)')
+pytest.importorskip('onnxruntime', reason='onnxruntime not installed: make install (deploy extra)')
 
 from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin  # noqa: E402
 from inline_mm.deploy import (build_model, export_onnx, onnx_session,  # noqa: E402

@@ -24,6 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..errors import UserInputError
+
 #: What ``--part`` can export.
 PARTS = ('backbone', 'backbone_neck', 'model')
 
@@ -33,11 +35,14 @@ OPSET = 17
 #: The parity bound the tools and tests check: max |ort - torch| / max |torch|.
 TOLERANCE = 1e-4
 
-INSTALL_HINT = 'run `make install-deploy` (or `pip install -e .[deploy]`)'
+INSTALL_HINT = 'run `make install` (it installs the deploy extra) or `pip install -e ".[deploy]"`'
 
 
-class DeployError(RuntimeError):
-    """A problem with what the user asked for (missing file, wrong part, missing extra)."""
+class DeployError(UserInputError, RuntimeError):
+    """A problem with what the user asked for (missing file, wrong part, missing extra).
+
+    A :class:`~inline_mm.errors.UserInputError`: the tools print it as one line (``cli_main``).
+    """
 
 
 def require_onnx() -> None:

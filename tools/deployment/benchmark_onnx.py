@@ -28,7 +28,8 @@ sys.path.insert(0, osp.join(ROOT, 'tools', 'analysis'))
 import torch  # noqa: E402
 
 from benchmark import build_backbone, parse_size, quartiles  # noqa: E402
-from inline_mm.deploy.onnx_export import (DeployError, example_input,  # noqa: E402
+from inline_mm.engine.launch import cli_main  # noqa: E402
+from inline_mm.deploy.onnx_export import (example_input,  # noqa: E402
                                           export_onnx, require_onnx, time_onnxruntime,
                                           wrap_part)
 
@@ -108,14 +109,9 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        run(args)
-    except DeployError as err:
-        print(f'error: {err}', file=sys.stderr)
-        return 2
+    run(parse_args(argv))
     return 0
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(cli_main(main))

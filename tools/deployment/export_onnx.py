@@ -26,8 +26,9 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from inline_mm.deploy.onnx_export import (PARTS, TOLERANCE, DeployError,  # noqa: E402
-                                          build_model, export_onnx, require_onnx, verify_onnx,
+from inline_mm.engine.launch import cli_main  # noqa: E402
+from inline_mm.deploy.onnx_export import (PARTS, TOLERANCE, build_model,  # noqa: E402
+                                          export_onnx, require_onnx, verify_onnx,
                                           wrap_part)
 
 
@@ -99,13 +100,8 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except DeployError as err:
-        print(f'error: {err}', file=sys.stderr)
-        return 2
+    return run(parse_args(argv)) or 0
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(cli_main(main))

@@ -20,6 +20,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+from inline_mm.engine.launch import cli_main  # noqa: E402
 from inline_mm.deploy.onnx_export import (DeployError, build_model,  # noqa: E402
                                           onnx_session, require_onnx)
 
@@ -62,13 +63,8 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        return run(args)
-    except DeployError as err:
-        print(f'error: {err}', file=sys.stderr)
-        return 2
+    return run(parse_args(argv)) or 0
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(cli_main(main))
