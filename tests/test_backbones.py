@@ -120,6 +120,7 @@ def test_with_cp_same_outputs_and_gradients(cls):
             torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_bf16_autocast_finite_at_1333x800():
     model = InLinePVT(arch='tiny', depths=[1, 1, 1, 1]).eval()
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):

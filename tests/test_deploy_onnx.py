@@ -46,7 +46,9 @@ def _check(diffs):
         assert diff <= TOLERANCE, f'{shape}: relative difference {diff:.2e}'
 
 
-@pytest.mark.parametrize('name', list(BACKBONES))
+# the '*_windows' variants run in the full suite only (make test), the rest in the fast tier
+@pytest.mark.parametrize('name', [pytest.param(n, marks=pytest.mark.slow) if 'windows' in n
+                                  else n for n in BACKBONES])
 def test_backbone_dynamic_parity(name, tmp_path):
     torch.manual_seed(0)
     cls, kwargs = BACKBONES[name]
@@ -136,6 +138,7 @@ def _tool(name, *args):
                           capture_output=True, text=True, cwd=ROOT)
 
 
+@pytest.mark.slow
 def test_tool_errors_are_one_line(tmp_path):
     out = _tool('export_onnx.py', str(tmp_path / 'missing.py'), '--out',
                 str(tmp_path / 'x.onnx'))

@@ -47,6 +47,7 @@ def test_import_registers_in_a_fresh_process():
     assert out.stdout.strip() == 'ok'
 
 
+@pytest.mark.slow
 def test_custom_imports_in_a_config(tmp_path):
     """A config with custom_imports builds the backbone without importing it first."""
     cfg_file = tmp_path / 'cfg.py'
