@@ -160,3 +160,38 @@ def test_training_benchmark_of_a_swin_config_uses_mmdet_swin():
                                    '--threads', '1'])
     assert set(result['rows']) == {'InLineSwin(tiny)', 'mmdet_swin_t'}
     assert result['ratio'] > 0
+
+
+@pytest.mark.slow
+def test_benchmark_onnxruntime_rows(tmp_path, capsys):
+    """--onnxruntime: one onnxruntime row per model and size for fp32 only, the exported
+    part per model kind, fixed-shape files, and the onnxruntime / PyTorch ratios."""
+    pytest.importorskip('onnxruntime', reason='onnxruntime not installed: make install')
+    import onnx
+    results = benchmark.main(['--models', 'inline_pvt_t', '--config', SEG_TOY, DET_TOY,
+                              '--sizes', '64', '--dtypes', 'fp32', 'bf16', '--onnxruntime',
+                              '--out', str(tmp_path)] + FAST)
+    out = capsys.readouterr().out
+    rows = results['rows']
+    assert not results['failed_rows']
+    ort = {r['model']: r for r in rows if r['runtime'] == 'onnxruntime'}
+    assert {m: r['part'] for m, r in ort.items()} == {
+        'inline_pvt_t': 'backbone', SEG_TOY: 'model', DET_TOY: 'backbone_neck'}
+    assert {r['dtype'] for r in ort.values()} == {'fp32'}
+    assert len([r for r in rows if r['runtime'] == 'torch']) == 3 * 2  # 3 models x 2 dtypes
+    # the timed files: fixed 1x3x64x64 inputs
+    files = sorted(os.listdir(tmp_path / 'onnx'))
+    assert len(files) == 3
+    for name in files:
+        graph = onnx.load(str(tmp_path / 'onnx' / name)).graph
+        assert [d.dim_value for d in graph.input[0].type.tensor_type.shape.dim] == [1, 3, 64, 64]
+    # the backbone's exported graph is the PyTorch one: same FLOPs
+    torch_row = next(r for r in rows if r['model'] == 'inline_pvt_t' and r['dtype'] == 'fp32'
+                     and r['runtime'] == 'torch')
+    assert ort['inline_pvt_t']['gflop'] == torch_row['gflop'] > 0
+    # ratios only where both rows compute the same thing (not backbone + neck vs detector)
+    ratios = {r['model']: r['latency'] for r in results['runtime_ratios']}
+    assert set(ratios) == {'inline_pvt_t', SEG_TOY}
+    assert ratios['inline_pvt_t'] == pytest.approx(
+        ort['inline_pvt_t']['latency_ms']['median'] / torch_row['latency_ms']['median'])
+    assert out.count('onnxruntime/PyTorch') == 2

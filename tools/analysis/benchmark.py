@@ -25,6 +25,16 @@ Each row also gives the achieved GFLOP/s: the model's FLOPs at that size
 multiply-add = 2 FLOPs here) over the median latency, and its share of the
 machine's matmul peak for that dtype, measured in the same run (best of a few
 ``--peak-size`` square matmuls).
+
+``--onnxruntime`` adds, for every fp32 row, an onnxruntime (CPU) row of the
+same model and size: the model is exported once per size with a fixed input
+shape (the softmax counterparts do not all export with dynamic sizes; a fixed
+shape also lets onnxruntime fold the size arithmetic) and timed with
+``--threads`` intra-op threads (needs the ``deploy`` extra).  Backbones export
+whole, segmentor configs export whole (logits at the input size), detector
+configs export backbone + neck (their RoI heads need mmdeploy); the row's
+``part`` says which.  The table then gives onnxruntime / PyTorch per row
+(not for a detector's backbone + neck: its PyTorch row is the whole model).
 """
 import argparse
 import copy
@@ -236,6 +246,42 @@ def _child_peak(spec, size, batch, dtype, threads) -> float:
     return (peak - base) / 1024
 
 
+def onnx_part(spec: str, model: nn.Module) -> Tuple[nn.Module, str]:
+    """What ``--onnxruntime`` exports of a benchmarked model, and the part's name."""
+    from inline_mm.deploy.onnx_export import wrap_part
+    if not spec.endswith('.py'):
+        return wrap_part(model, 'backbone'), 'backbone'
+    part = 'model' if model.task == 'mmseg' else 'backbone_neck'
+    return wrap_part(model.model, part, model.task), part
+
+
+def time_onnxruntime_rows(models: Dict[str, nn.Module], size, batch, warmup, repeats,
+                          threads, folder, progress) -> Dict[str, dict]:
+    """Export every model at ``size`` (fixed shape) and time it in onnxruntime.
+
+    Returns ``{spec: dict(part=..., times=[...], export_s=...)}``, or
+    ``dict(part=..., error=...)`` for a model that does not export.
+    """
+    from inline_mm.deploy.onnx_export import export_onnx, time_onnxruntime
+    results = {}
+    for spec, model in models.items():
+        module, part = onnx_part(spec, model)
+        name = osp.splitext(osp.basename(spec))[0]
+        path = osp.join(folder, f'{name}_{part}_{size[1]}x{size[0]}_b{batch}.onnx')
+        progress(f'  onnxruntime: {spec} ({part}) at {size[1]}x{size[0]} b{batch}')
+        try:
+            start = time.perf_counter()
+            export_onnx(module, size, path, dynamic=False, batch=batch)
+            export_s = time.perf_counter() - start
+            times = time_onnxruntime(path, size, batch, warmup, repeats, threads)
+        except Exception as err:  # noqa: BLE001  (a model that does not export: keep the rest)
+            results[spec] = dict(part=part, error=f'{type(err).__name__}: {err}'.splitlines()[0])
+            progress(f'  onnxruntime: {spec} failed: {results[spec]["error"][:300]}')
+            continue
+        results[spec] = dict(part=part, times=times, export_s=export_s)
+    return results
+
+
 def load(spec: str) -> nn.Module:
     return build_from_config(spec) if spec.endswith('.py') else build_backbone(spec)
 
@@ -327,12 +373,13 @@ def plot(results: dict, path: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 5))
     series: Dict[Tuple[str, int, str], List[Tuple[int, float]]] = {}
     for row in results['rows']:
-        series.setdefault((row['model'], row['batch'], row['dtype']), []).append(
-            (row['pixels'], row['latency_ms']['median']))
-    for (model, batch, dtype), pts in sorted(series.items()):
+        series.setdefault((row['model'], row['batch'], row['dtype'], row['runtime']),
+                          []).append((row['pixels'], row['latency_ms']['median']))
+    for (model, batch, dtype, runtime), pts in sorted(series.items()):
         pts.sort()
+        where = ', onnxruntime' if runtime == 'onnxruntime' else ''
         ax.plot([p for p, _ in pts], [t for _, t in pts], marker='o',
-                label=f'{model} (b{batch}, {dtype})')
+                linestyle='--' if where else '-', label=f'{model} (b{batch}, {dtype}{where})')
     ax.set_xscale('log')
     ax.set_yscale('log')
     ax.set_xlabel('pixels per image (H x W)')
@@ -373,12 +420,20 @@ def main(argv=None) -> dict:
                         help='side of the square matmul that measures the peak GFLOP/s '
                         '(halved while one product would take over 10 s)')
     parser.add_argument('--peak-repeats', type=int, default=3)
+    parser.add_argument('--onnxruntime', action='store_true',
+                        help='add onnxruntime (CPU, fp32) rows: each model exported at each '
+                        'size (needs the deploy extra: onnx, onnxruntime)')
     parser.add_argument('--out', default='work_dirs/benchmark', help='folder for JSON and PNG')
     parser.add_argument('--reference-dir',
                         help="the authors' models/ folder: enables the model 'authors_pvt_t'")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
+    if args.onnxruntime:
+        from inline_mm.deploy.onnx_export import require_onnx
+        if args.device != 'cpu':
+            parser.error('--onnxruntime rows run on the CPU: add --device cpu')
+        require_onnx()
     if args.reference_dir:
         sys.path.insert(0, osp.abspath(args.reference_dir))
         os.environ['INLINE_MM_REFERENCE_DIR'] = osp.abspath(args.reference_dir)
@@ -409,7 +464,8 @@ def main(argv=None) -> dict:
         model = load(spec).to(device)
         model.eval()  # not chained: mmdet's SwinTransformer.train() returns None
         models[spec] = model
-    rows = []
+    rows: List[dict] = []
+    failed: List[dict] = []  # onnxruntime rows of models that did not export
     for dtype in args.dtypes:
         for batch in args.batch_sizes:
             for size in sizes:
@@ -431,24 +487,52 @@ def main(argv=None) -> dict:
                         progress(f'  peak memory of {spec} at {size[1]}x{size[0]}')
                         row['peak_mem_mb'] = peak_memory_mb(spec, size, batch, dtype, device,
                                                             args.threads)
-                    rows.append(row)
+                    rows.append(dict(row, runtime='torch'))
+                if args.onnxruntime and dtype == 'fp32':
+                    ort = time_onnxruntime_rows(models, size, batch, args.warmup, args.repeats,
+                                                args.threads, osp.join(args.out, 'onnx'),
+                                                progress)
+                    for spec, res in ort.items():
+                        row = dict(model=spec, height=size[0], width=size[1],
+                                   pixels=size[0] * size[1], batch=batch, dtype=dtype,
+                                   runtime='onnxruntime', part=res['part'])
+                        if 'error' in res:
+                            row['error'] = res['error']
+                            failed.append(row)
+                            continue
+                        med, p25, p75 = quartiles(res['times'])
+                        row.update(latency_ms=dict(median=med * 1e3, p25=p25 * 1e3,
+                                                   p75=p75 * 1e3, min=min(res['times']) * 1e3),
+                                   throughput_img_s=batch / med, export_s=res['export_s'])
+                        # GFLOP/s where the exported graph is the PyTorch row's (backbones)
+                        macs = None if args.no_flops or res['part'] != 'backbone' else \
+                            count_macs(spec, models[spec], size)
+                        if macs is not None:
+                            row['gflop'] = 2 * macs * batch / 1e9
+                            row['gflop_per_s'] = row['gflop'] / med
+                            row['peak_fraction'] = row['gflop_per_s'] / peaks[dtype]
+                        rows.append(row)
     results = dict(device=device, device_name=device_name, threads=args.threads,
                    torch=torch.__version__, warmup=args.warmup, repeats=args.repeats,
                    command=' '.join([osp.relpath(__file__)] + (argv or sys.argv[1:])),
                    flop_convention='gflop counts one multiply-add as 2 FLOPs',
                    matmul_peak_gflop_per_s=peaks, matmul_peak_size=peak_sizes,
-                   rows=rows, slopes={}, ratios=[], dtype_ratios=[])
+                   rows=rows, failed_rows=failed, slopes={}, ratios=[], dtype_ratios=[],
+                   runtime_ratios=[])
     # slopes of latency against pixels (>= 512x512 when such sizes exist); None with one size
-    for key in sorted({(r['model'], r['batch'], r['dtype']) for r in rows}):
-        pts = [(r['pixels'], r['latency_ms']['median']) for r in rows
-               if (r['model'], r['batch'], r['dtype']) == key]
+    def series(r: dict) -> tuple:
+        where = ' onnxruntime' if r['runtime'] == 'onnxruntime' else ''
+        return r['model'], r['batch'], r['dtype'] + where
+
+    for key in sorted({series(r) for r in rows}):
+        pts = [(r['pixels'], r['latency_ms']['median']) for r in rows if series(r) == key]
         big = [p for p in pts if p[0] >= 512 * 512]
         pts = big if len(big) >= 2 else pts
         value = slope(pts) if len({p for p, _ in pts}) >= 2 else None
         results['slopes']['/'.join(map(str, key))] = value
 
     def twin(row: dict, **change) -> Optional[dict]:
-        want = {k: row[k] for k in ('model', 'pixels', 'batch', 'dtype')}
+        want = {k: row[k] for k in ('model', 'pixels', 'batch', 'dtype', 'runtime')}
         want.update(change)
         return next((x for x in rows if all(x[k] == v for k, v in want.items())), None)
 
@@ -461,7 +545,7 @@ def main(argv=None) -> dict:
             if s is None:
                 continue
             ratio = dict(family=fam, size=f"{r['width']}x{r['height']}", batch=r['batch'],
-                         dtype=r['dtype'],
+                         dtype=r['dtype'], runtime=r['runtime'],
                          latency=r['latency_ms']['median'] / s['latency_ms']['median'])
             if 'peak_mem_mb' in r and 'peak_mem_mb' in s:
                 ratio['memory'] = r['peak_mem_mb'] / max(s['peak_mem_mb'], 1e-9)
@@ -472,6 +556,16 @@ def main(argv=None) -> dict:
             results['dtype_ratios'].append(dict(
                 model=r['model'], size=f"{r['width']}x{r['height']}", batch=r['batch'],
                 dtype=r['dtype'],
+                latency=r['latency_ms']['median'] / base['latency_ms']['median']))
+    # onnxruntime against PyTorch eager, same model, size and batch (fp32); not for a
+    # detector's backbone + neck, whose PyTorch row is the whole detector
+    for r in rows:
+        base = twin(r, runtime='torch') if r['runtime'] == 'onnxruntime' and \
+            r['part'] != 'backbone_neck' else None
+        if base is not None:
+            results['runtime_ratios'].append(dict(
+                model=r['model'], part=r['part'], size=f"{r['width']}x{r['height']}",
+                batch=r['batch'],
                 latency=r['latency_ms']['median'] / base['latency_ms']['median']))
     os.makedirs(args.out, exist_ok=True)
     with open(osp.join(args.out, 'benchmark.json'), 'w') as f:
@@ -484,23 +578,29 @@ def main(argv=None) -> dict:
     if peaks:
         print(f'matmul peak ({args.threads} threads): ' + ', '.join(
             f'{d} {v:.1f} GFLOP/s ({peak_sizes[d]}^3)' for d, v in peaks.items()))
-    print(f"{'model':18s} {'size':>10s} {'b':>2s} {'dtype':>5s} {'median ms':>10s} "
-          f"{'p25-p75 ms':>15s} {'img/s':>8s} {'GFLOP':>7s} {'GFLOP/s':>8s} {'% peak':>6s} "
-          f"{'peak MB':>8s}")
+    print(f"{'model':18s} {'size':>10s} {'b':>2s} {'dtype':>5s} {'runtime':>11s} "
+          f"{'median ms':>10s} {'p25-p75 ms':>15s} {'img/s':>8s} {'GFLOP':>7s} {'GFLOP/s':>8s} "
+          f"{'% peak':>6s} {'peak MB':>8s}")
     for r in rows:
         lat = r['latency_ms']
         print(f"{r['model']:18s} {r['width']:>5d}x{r['height']:<4d} {r['batch']:>2d} "
-              f"{r['dtype']:>5s} {lat['median']:10.1f} {lat['p25']:7.1f}-{lat['p75']:<7.1f} "
+              f"{r['dtype']:>5s} {r['runtime']:>11s} {lat['median']:10.1f} {lat['p25']:7.1f}-{lat['p75']:<7.1f} "
               f"{r['throughput_img_s']:8.2f} {cell(r.get('gflop'), 7)} "
               f"{cell(r.get('gflop_per_s'), 8)} {cell(r.get('peak_fraction'), 6, 100)} "
               f"{cell(r.get('peak_mem_mb'), 8)}")
     for ratio in results['ratios']:
         mem = f", memory {ratio['memory']:.2f}x" if 'memory' in ratio else ''
         print(f"InLine/softmax {ratio['family']:5s} {ratio['size']:>10s} b{ratio['batch']} "
-              f"{ratio['dtype']}: latency {ratio['latency']:.2f}x{mem}")
+              f"{ratio['dtype']} {ratio['runtime']}: latency {ratio['latency']:.2f}x{mem}")
     for ratio in results['dtype_ratios']:
         print(f"{ratio['dtype']}/fp32 {ratio['model']:18s} {ratio['size']:>10s} "
               f"b{ratio['batch']}: latency {ratio['latency']:.2f}x")
+    for ratio in results['runtime_ratios']:
+        print(f"onnxruntime/PyTorch {ratio['model']:18s} ({ratio['part']}) {ratio['size']:>10s} "
+              f"b{ratio['batch']}: latency {ratio['latency']:.2f}x")
+    for row in failed:
+        print(f"onnxruntime {row['model']} at {row['width']}x{row['height']}: not exported "
+              f"({row['error'][:200]})")
     for key, value in results['slopes'].items():
         model, batch, dtype = key.rsplit('/', 2)  # config paths contain '/'
         print(f'log-log slope of latency vs pixels, {model} b{batch} {dtype}: '
