@@ -103,6 +103,64 @@ def test_segmentor_whole_parity_and_label_map(tmp_path):
     assert osp.isfile(written[0])
 
 
+def test_parity_measure_fails_on_nan_and_shape():
+    """A NaN in the onnxruntime output or a wrong shape is never within tolerance."""
+    from inline_mm.deploy.onnx_export import compare_outputs
+    ref = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    assert compare_outputs([ref], [ref + 1e-3]) == pytest.approx(1e-3 / 2, rel=1e-3)
+    bad = ref.copy()
+    bad[1, 2] = np.nan
+    assert compare_outputs([ref], [bad]) == float('inf')
+    assert compare_outputs([bad], [ref]) == float('inf')
+    assert compare_outputs([ref], [ref[:, :3]]) == float('inf')
+    assert compare_outputs([ref], [ref, ref]) == float('inf')
+
+
+@pytest.mark.parametrize('hw', [(12, 12), (13, 7), (5, 29), (2, 3)])
+def test_traced_adaptive_avg_pool_equals_torch(hw):
+    """The exportable pyramid pooling computes PyTorch's bins, divisible or not,
+    including maps smaller than the output (overlapping bins)."""
+    from inline_mm.models.layers.symbolic import adaptive_avg_pool2d
+    x = torch.randn(2, 3, *hw)
+    for size in (1, 2, 3, 6, (2, 5)):
+        torch.testing.assert_close(adaptive_avg_pool2d(x, size),
+                                   torch.nn.functional.adaptive_avg_pool2d(x, size),
+                                   rtol=1e-5, atol=1e-6)
+
+
+#: UperNet configs with the InLine backbone made shallow and the heads narrow (same
+#: graph structure: PPM, lateral / FPN convs, fusion; DeiT with mmseg's MultiLevelNeck)
+UPERNETS = {
+    'swin': ('upernet_inline-swin-t_8xb2-160k_ade20k-512x512.py',
+             dict(backbone=dict(depths=[1, 1, 2, 1]))),
+    'deit_mln': ('upernet_inline-deit-s_mln_8xb2-160k_ade20k-512x512.py',
+                 dict(backbone=dict(depth=4, out_indices=(0, 1, 2, 3)))),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', list(UPERNETS))
+def test_upernet_whole_parity(name, tmp_path):
+    """UperNet (InLine-Swin-T; InLine-DeiT-S with MultiLevelNeck) exports whole with
+    dynamic H / W: logits at the input size, onnxruntime equal to PyTorch."""
+    from mmengine.config import Config
+    config, change = UPERNETS[name]
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'seg', config))
+    cfg.merge_from_dict(dict(model=dict(
+        change, decode_head=dict(channels=32), auxiliary_head=dict(channels=16))))
+    path = str(tmp_path / 'upernet.py')
+    cfg.dump(path)
+    torch.manual_seed(0)
+    model, _, task = build_model(path)
+    module = wrap_part(model, 'model', task)
+    onnx_path = str(tmp_path / f'{name}.onnx')
+    export_onnx(module, EXPORT_SHAPE, onnx_path, dynamic=True)
+    num_classes = model.decode_head.num_classes
+    with torch.no_grad():
+        assert module(torch.zeros(1, 3, 97, 131)).shape == (1, num_classes, 97, 131)
+    _check(verify_onnx(module, onnx_path, CHECK_SHAPES))
+
+
 @pytest.mark.slow
 def test_detector_backbone_neck_fallback(tmp_path):
     """Mask R-CNN (toy config): backbone + neck in onnxruntime, heads in PyTorch."""

@@ -162,34 +162,52 @@ def example_input(shape: Tuple[int, int], batch: int = 1, seed: int = 0) -> Tens
 
 
 @contextmanager
-def _traceable_toolkit_resizes() -> Iterator[None]:
-    """Keep the toolkits' resizes dynamic while exporting.
+def _traceable_toolkit_ops() -> Iterator[None]:
+    """Keep the toolkits' size-dependent ops dynamic while exporting.
 
-    mmseg's ``Upsample`` (the scale heads of Semantic FPN's ``FPNHead``) turns
-    the input size into Python ints before it resizes, which the tracer
-    records as constants: the exported head would resize every input to the
-    export size.  During the export it resizes by its scale factor instead,
-    the same output size for every input (``floor(size * factor)``).
+    * mmseg's ``Upsample`` (the scale heads of Semantic FPN's ``FPNHead``)
+      turns the input size into Python ints before it resizes, which the
+      tracer records as constants: the exported head would resize every input
+      to the export size.  During the export it resizes by its scale factor
+      instead, the same output size for every input (``floor(size * factor)``).
+    * ``nn.AdaptiveAvgPool2d`` to more than 1x1 (UperNet's pyramid pooling
+      module) does not export with dynamic input sizes; during the export it
+      runs :func:`~inline_mm.models.layers.symbolic.adaptive_avg_pool2d`, the
+      same bins computed in the graph.
     """
+    from inline_mm.models.layers.symbolic import adaptive_avg_pool2d
+    patches = []
     try:
         from mmseg.models.utils import Upsample
-    except ImportError:  # no segmentation toolkit: nothing to patch
-        yield
-        return
+    except ImportError:  # no segmentation toolkit: nothing to patch there
+        Upsample = None
+    if Upsample is not None:
+        upsample = Upsample.forward
 
-    original = Upsample.forward
+        def upsample_forward(self, x):
+            if self.size or not self.scale_factor:
+                return upsample(self, x)
+            return F.interpolate(x, scale_factor=self.scale_factor, mode=self.mode,
+                                 align_corners=self.align_corners)
+        patches.append((Upsample, upsample, upsample_forward))
 
-    def forward(self, x):
-        if self.size or not self.scale_factor:
-            return original(self, x)
-        return F.interpolate(x, scale_factor=self.scale_factor, mode=self.mode,
-                             align_corners=self.align_corners)
+    pool = nn.AdaptiveAvgPool2d.forward
 
-    Upsample.forward = forward
+    def pool_forward(self, x):
+        size = self.output_size
+        sizes = (size, size) if isinstance(size, int) else tuple(size)
+        if None in sizes or sizes == (1, 1):  # global pooling exports as it is
+            return pool(self, x)
+        return adaptive_avg_pool2d(x, sizes)
+    patches.append((nn.AdaptiveAvgPool2d, pool, pool_forward))
+
+    for cls, _, patched in patches:
+        cls.forward = patched
     try:
         yield
     finally:
-        Upsample.forward = original
+        for cls, original, _ in patches:
+            cls.forward = original
 
 
 def export_onnx(module: nn.Module, shape: Tuple[int, int], path: str, dynamic: bool = True,
@@ -218,7 +236,7 @@ def export_onnx(module: nn.Module, shape: Tuple[int, int], path: str, dynamic: b
         dynamic_axes.update({name: {2: f'{name}_height', 3: f'{name}_width'}
                              for name in outputs})
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    with torch.no_grad(), warnings.catch_warnings(), _traceable_toolkit_resizes():
+    with torch.no_grad(), warnings.catch_warnings(), _traceable_toolkit_ops():
         # The tracer warns about every size it turns into a Python value; the
         # sizes that matter are tensors under tracing, and the parity check at
         # other sizes is what proves the graph dynamic.
@@ -264,7 +282,8 @@ def torch_outputs(module: nn.Module, x: Tensor) -> List[np.ndarray]:
 def compare_outputs(reference: Sequence[np.ndarray], actual: Sequence[np.ndarray]) -> float:
     """Max abs difference over all outputs relative to the reference's max abs value.
 
-    Shapes must agree (a wrong size is a failure, reported as ``inf``).
+    Shapes must agree, and a NaN in either output (which ``max`` would skip) is
+    a failure too: both are reported as ``inf``.
     """
     if len(reference) != len(actual):
         return float('inf')
@@ -273,7 +292,10 @@ def compare_outputs(reference: Sequence[np.ndarray], actual: Sequence[np.ndarray
         if tuple(ref.shape) != tuple(out.shape):
             return float('inf')
         scale = float(np.abs(ref).max()) or 1.0
-        worst = max(worst, float(np.abs(ref.astype(np.float64) - out).max()) / scale)
+        diff = float(np.abs(ref.astype(np.float64) - out).max()) / scale
+        if np.isnan(diff) or np.isnan(scale):
+            return float('inf')
+        worst = max(worst, diff)
     return worst
 
 

@@ -584,7 +584,8 @@ def main(argv=None) -> dict:
     for r in rows:
         lat = r['latency_ms']
         print(f"{r['model']:18s} {r['width']:>5d}x{r['height']:<4d} {r['batch']:>2d} "
-              f"{r['dtype']:>5s} {r['runtime']:>11s} {lat['median']:10.1f} {lat['p25']:7.1f}-{lat['p75']:<7.1f} "
+              f"{r['dtype']:>5s} {r['runtime']:>11s} {lat['median']:10.1f} "
+              f"{lat['p25']:7.1f}-{lat['p75']:<7.1f} "
               f"{r['throughput_img_s']:8.2f} {cell(r.get('gflop'), 7)} "
               f"{cell(r.get('gflop_per_s'), 8)} {cell(r.get('peak_fraction'), 6, 100)} "
               f"{cell(r.get('peak_mem_mb'), 8)}")
