@@ -392,32 +392,86 @@ def test_two_nodes_on_loopback_match_one_two_process_launch(toy_root, tmp_path):
                         exact=False)
 
 
-@pytest.mark.skip(reason='not working yet: the surviving launch does not end within the '
-                  'bound after its peer node is killed (the dead peer is not detected in time)')
 @pytest.mark.slow
-def test_a_killed_node_ends_the_other_and_the_job_resumes(toy_root, tmp_path):
+def test_torchrun_restarts_the_workers_after_a_preemption_and_matches(toy_root, tmp_path):
+    """MAX_RESTARTS=1: SIGTERM to rank 1 of a 2-process run; torchrun restarts both processes
+    with --resume, they join a new process group and the run finishes by itself."""
+    extra = {'train_cfg.max_iters': 6, 'default_hooks.checkpoint.interval': 100,
+             'train_dataloader.batch_size': 1, 'env_cfg.dist_cfg.timeout': 60, 'flip': True}
+    straight = str(tmp_path / 'straight')
+    proc = dist_train(straight, toy_root, 2, free_port(), extra)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-3000:]
+
+    work = str(tmp_path / 'restarted')
+    proc = dist_train(work, toy_root, 2, free_port(), extra, MAX_RESTARTS='1')
+    try:
+        started = wait_for(lambda: any(r.get('iter', 0) >= 2 for r in scalars(work)), proc)
+        assert started, 'training did not start'
+        os.kill(train_workers(proc.pid)[1], signal.SIGTERM)
+        # a restart that cannot form its process group fails after the 60 s timeout
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert f'exiting with status {PREEMPTED_EXIT_CODE}' in out, out[-3000:]
+    assert proc.returncode == 0, out[-3000:]
+    preempt = [p for p in glob.glob(os.path.join(work, 'iter_*.pth'))
+               if not p.endswith('iter_6.pth')]
+    assert len(preempt) == 1, out[-3000:]
+    assert f'--resume: resuming from {preempt[0]}' in out, out[-3000:]
+    assert pointer(work).endswith('iter_6.pth')
+    assert_same_weights(os.path.join(straight, 'iter_6.pth'), os.path.join(work, 'iter_6.pth'))
+
+
+def node_processes(launcher_pid):
+    """Process groups of a dist_train.sh launch: its own and its workers' (torchrun starts
+    each worker in a session of its own, so killing the launch's group leaves them running)."""
+    return [launcher_pid] + list(train_workers(launcher_pid).values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('fault', ['killed', 'frozen'])
+def test_a_lost_node_ends_the_other_and_the_job_resumes(toy_root, tmp_path, fault):
+    """Two one-process launches with NNODES=2 on the loopback.  Node 1 is lost at iteration 3:
+    killed (kill -9 of the launch and its worker: its connections close) or frozen (SIGSTOP:
+    its connections stay open and nothing answers, as after a power loss or a network cut;
+    the collective gives up after env_cfg.dist_cfg.timeout, 20 s here).  Node 0 must end with
+    a clear message, and a relaunch with --resume finishes the run."""
     extra = {'train_cfg.max_iters': 8, 'default_hooks.checkpoint.interval': 2,
-             'train_dataloader.batch_size': 1}
+             'train_dataloader.batch_size': 1, 'env_cfg.dist_cfg.timeout': 20}
     work = str(tmp_path / 'work')
     port = free_port()
     nodes = [dist_train(work, toy_root, 1, port, extra, NNODES='2', NODE_RANK=str(rank))
              for rank in (0, 1)]
+    lost = []
     try:
         assert wait_for(lambda: any(r.get('iter', 0) >= 3 for r in scalars(work)), nodes[0])
-        os.killpg(nodes[1].pid, signal.SIGKILL)  # node 1 disappears: launcher and worker
-        killed = time.time()
-        out, _ = nodes[0].communicate(timeout=180)
-        took = time.time() - killed
+        lost = node_processes(nodes[1].pid)
+        assert len(lost) == 2, 'node 1 has no worker'
+        for group in lost:
+            os.killpg(group, signal.SIGKILL if fault == 'killed' else signal.SIGSTOP)
+        stopped = time.time()
+        out, _ = nodes[0].communicate(timeout=120)
+        took = time.time() - stopped
     finally:
+        for group in lost:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for p in nodes:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
     assert nodes[0].returncode != 0
-    assert took < 120, f'node 0 took {took:.0f} s to stop'
-    assert 'Connection closed by peer' in out or 'Connection reset' in out or \
-        'ChildFailedError' in out, out[-3000:]
+    assert took < 60, f'node 0 took {took:.0f} s to stop'
     saved = pointer(work)
     assert checkpoint_problem(saved) is None
+    assert 'error: lost contact with another training process (process 0 of 2)' in out, \
+        out[-3000:]
+    assert f'start the job again with --resume to continue from {saved}' in out, out[-3000:]
+    if fault == 'frozen':
+        assert 'Timed out waiting 20000ms' in out, out[-3000:]
 
     port = free_port()
     nodes = [dist_train(work, toy_root, 1, port, extra, NNODES='2', NODE_RANK=str(rank),

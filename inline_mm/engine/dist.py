@@ -5,13 +5,19 @@ mmengine 0.10.7 assumes CUDA once a launcher is set: its ``init_dist`` calls
 ``device_ids=[LOCAL_RANK]``.  :func:`prepare_distributed` initialises the
 process group itself (gloo) when no GPU is present, and points the runner at
 :class:`AnyDeviceDistributedDataParallel`, which drops ``device_ids`` for CPU
-modules; on GPU machines both leave mmengine's behaviour untouched.
+modules; on GPU machines both leave mmengine's behaviour untouched, except
+after a torchrun restart (:func:`torchrun_store`).
+
+:func:`lost_peer_message` turns the error of a collective whose peer died or
+stopped answering into one line that says what to do.
 """
 import os
 from datetime import timedelta
+from typing import Optional
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from mmengine.config import Config
 from mmengine.model import MMDistributedDataParallel
 from mmengine.registry import MODEL_WRAPPERS
@@ -29,21 +35,108 @@ class AnyDeviceDistributedDataParallel(MMDistributedDataParallel):
         super().__init__(module=module, device_ids=device_ids, **kwargs)
 
 
+def torchrun_store(timeout: timedelta) -> Optional[dist.Store]:
+    """This attempt's own namespace of torchrun's store, or None outside torchrun.
+
+    Under torchrun (static rendezvous, the default with ``--master-port``) the
+    workers' ``env://`` rendezvous joins the TCPStore the elastic agent hosts
+    at ``MASTER_ADDR:MASTER_PORT``, and the agent keeps that one store for all
+    its restarts.  The keys the process group wrote at its first start (gloo:
+    every rank's address; NCCL: the unique id) are still there after a
+    restart, so the restarted ranks read their dead predecessors' addresses
+    and fail to connect ("Connection refused") or wait for the group's whole
+    timeout.  Prefixing the keys with ``TORCHELASTIC_RESTART_COUNT`` gives
+    every attempt fresh keys.
+    """
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != str(True):
+        return None
+    attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))
+    store = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']),
+                          int(os.environ['WORLD_SIZE']), is_master=False, timeout=timeout)
+    return dist.PrefixStore(f'inline_mm/attempt_{attempt}/', store)
+
+
+def _dist_timeout(cfg: Config) -> timedelta:
+    """``env_cfg.dist_cfg.timeout`` (seconds, or a timedelta); 1800 s when not set."""
+    timeout = ((cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('timeout', 1800)
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=timeout)
+
+
 def prepare_distributed(cfg: Config, launcher: str) -> None:
-    """Set up a CPU-only multi-process run (no-op with GPUs or without a launcher)."""
-    if launcher == 'none' or torch.cuda.is_available():
+    """Set up a CPU-only multi-process run, and any torchrun restart (no-op without a launcher).
+
+    * CPU, ``--launcher pytorch``: the process group is initialised here (gloo), with
+      ``env_cfg.dist_cfg.timeout`` and torchrun's store of this attempt.
+    * GPU, a torchrun restart (``TORCHELASTIC_RESTART_COUNT`` > 0): the process group is
+      initialised here as mmengine's ``init_dist`` would (``LOCAL_RANK``'s device, the
+      config's backend), but on fresh store keys (see :func:`torchrun_store`).
+    * Otherwise mmengine's behaviour is left untouched.
+    """
+    if launcher == 'none':
+        return
+    if torch.cuda.is_available():
+        _prepare_gpu_restart(cfg, launcher)
         return
     if launcher != 'pytorch':
         raise ConfigError(f'launcher {launcher!r} needs GPUs; on CPUs use --launcher pytorch '
                           f'(tools/dist_train.sh)')
     if not dist.is_initialized():  # gloo whatever the config says: nccl needs GPUs
         # the config's timeout bounds how long a process waits for a dead peer
-        timeout = ((cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('timeout', 1800)
+        timeout = _dist_timeout(cfg)
         dist.init_process_group(backend='gloo', rank=int(os.environ['RANK']),
                                 world_size=int(os.environ['WORLD_SIZE']),
-                                timeout=timedelta(seconds=timeout))
+                                timeout=timeout, store=torchrun_store(timeout))
     if cfg.get('model_wrapper_cfg') is None:
         cfg.model_wrapper_cfg = dict(type='AnyDeviceDistributedDataParallel')
+
+
+def _prepare_gpu_restart(cfg: Config, launcher: str) -> None:
+    """On a torchrun restart, what mmengine's ``init_dist('pytorch')`` does, on fresh keys."""
+    if launcher != 'pytorch' or dist.is_initialized() or \
+            int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')) == 0:
+        return
+    dist_cfg = dict((cfg.get('env_cfg') or {}).get('dist_cfg') or {})
+    if dist_cfg.get('init_backend', 'torch') != 'torch':
+        return  # deepspeed / colossalai set up their own groups
+    timeout = _dist_timeout(cfg)
+    store = torchrun_store(timeout)
+    if store is None:
+        return
+    if mp.get_start_method(allow_none=True) is None:
+        mp.set_start_method('spawn')  # as mmengine's init_dist
+    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))
+    kwargs = {k: v for k, v in dist_cfg.items() if k not in ('backend', 'init_backend', 'timeout')}
+    dist.init_process_group(backend=dist_cfg.get('backend', 'nccl'),
+                            rank=int(os.environ['RANK']),
+                            world_size=int(os.environ['WORLD_SIZE']), timeout=timeout,
+                            store=store, **kwargs)
+
+
+#: what the error of a collective whose peer died or stopped answering says (gloo / NCCL)
+_LOST_PEER_HINTS = ('Connection reset', 'Connection closed', 'Connection refused',
+                    'Broken pipe', 'Timed out waiting', 'NCCL', 'gloo')
+
+
+def lost_peer_message(err: BaseException, work_dir: Optional[str] = None) -> Optional[str]:
+    """One line for an error of a collective with the other processes, else None.
+
+    Called while the process group is still up; None in a single-process run.
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    text = str(err)
+    if not (isinstance(err, getattr(dist, 'DistError', ())) or
+            isinstance(err, RuntimeError) and any(h in text for h in _LOST_PEER_HINTS)):
+        return None
+    first = ' '.join(text.strip().splitlines()[0].split()) if text.strip() else type(err).__name__
+    resume = 'the newest readable checkpoint of the work dir'
+    if work_dir and os.path.isfile(os.path.join(work_dir, 'last_checkpoint')):
+        with open(os.path.join(work_dir, 'last_checkpoint')) as f:
+            resume = f.read().strip() or resume
+    return (f'error: lost contact with another training process (process {dist.get_rank()} '
+            f'of {dist.get_world_size()}): {first}. A process or node of this job died or '
+            f'stopped answering (a silent peer is given up after env_cfg.dist_cfg.timeout '
+            f'seconds); start the job again with --resume to continue from {resume}')
 
 
 def finish_distributed(barrier: bool = True) -> None:

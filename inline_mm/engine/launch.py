@@ -133,7 +133,7 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
     """
     from mmengine.runner import Runner
 
-    from .dist import finish_distributed, prepare_distributed
+    from .dist import finish_distributed, lost_peer_message, prepare_distributed
     from .runner_utils import check_datasets
     if check_data:
         check_datasets(cfg, loaders)
@@ -144,6 +144,12 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         result = action(runner)
         finished = True
         return result
+    except Exception as err:
+        # a peer process or node died or stopped answering: say so in one line
+        message = lost_peer_message(err, cfg.get('work_dir'))
+        if message:
+            print(message, file=sys.stderr, flush=True)
+        raise
     finally:
         # after an error on this process the others may never reach a barrier
         finish_distributed(barrier=finished)
