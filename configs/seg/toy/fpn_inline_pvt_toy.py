@@ -6,7 +6,8 @@
 # photometric distortion, a 64-channel FPN and head (256 / 128), plain BN,
 # bf16 autocast on the CPU, and 2k iterations instead of 80k.
 _base_ = 'mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py'
-custom_imports = dict(imports=['inline_mm', 'inline_mm.datasets', 'inline_mm.engine'],
+custom_imports = dict(imports=['inline_mm', 'inline_mm.datasets', 'inline_mm.engine',
+                               'inline_mm.models.seg_losses'],
                       allow_failed_imports=False)
 
 data_root = 'data/ade_toy/'
@@ -26,8 +27,10 @@ model = dict(
     neck=dict(in_channels=[64, 128, 320, 512], out_channels=width),
     decode_head=dict(
         in_channels=[width] * 4, channels=width, num_classes=num_classes, norm_cfg=norm_cfg,
-        # background covers ~85% of the pixels: weight it down so the shapes are learnt
-        loss_decode=dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0,
+        # background covers ~85% of the pixels: weight it down so the shapes are learnt;
+        # mmseg's CrossEntropyLoss with class_weight fails on padded (255) pixels, this
+        # one (inline_mm.models.seg_losses) takes them
+        loss_decode=dict(type='IgnoreSafeCrossEntropyLoss', use_sigmoid=False, loss_weight=1.0,
                          class_weight=[0.25, 1.0, 1.0, 1.0])))
 
 train_pipeline = [
