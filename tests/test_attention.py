@@ -125,7 +125,14 @@ def test_prefix_token_takes_part_but_gets_no_local_term():
     global_part = inline_attention(heads(q), heads(k), heads(v), 8 ** -0.5)
     global_part = global_part.transpose(1, 2).reshape(2, 13, 16)
     torch.testing.assert_close(out[:, 0], global_part[:, 0])
-    assert not torch.allclose(out[:, 1:], global_part[:, 1:])
+    # grid tokens: plus the per-sample 3x3 depthwise conv of V on the 3 x 4 grid, its kernel
+    # predicted from the mean of kernel_src over all 13 tokens (cls included, as the reference)
+    for b in range(2):
+        kern = core.residual(q[b].mean(dim=0)[None, :, None]).reshape(16, 1, 3, 3)
+        grid = v[b, 1:].reshape(3, 4, 16).permute(2, 0, 1)[None]
+        local = torch.nn.functional.conv2d(grid, kern, padding=1, groups=16)
+        local = local[0].permute(1, 2, 0).reshape(12, 16)
+        torch.testing.assert_close(out[b, 1:], global_part[b, 1:] + local)
     assert math.isclose(core.scale, 8 ** -0.5)
 
 
@@ -138,9 +145,14 @@ def test_token_mlp_inference_chunks_match_timm_mlp(bias):
     mlp = TokenMlp(16, 64, bias=bias).eval()
     mlp.chunk_tokens = 7  # 2 x 50 tokens: 15 chunks, the last one partial
     x = torch.randn(2, 50, 16)
+    chunk_rows = []
+    hook = mlp.fc1.register_forward_hook(lambda m, i, o: chunk_rows.append(i[0].shape[0]))
     with torch.no_grad():
         expected = Mlp.forward(mlp, x)
+        chunk_rows.clear()
         got = mlp(x)
+    hook.remove()
+    assert chunk_rows == [7] * 14 + [2]  # it did run in chunks
     assert got.shape == (2, 50, 16)
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
     # with autograd (training) it is timm's forward: gradients reach both layers
