@@ -70,18 +70,42 @@ def test_every_arch_at_224_and_odd_sizes(cls, arch):
 def test_out_indices_subset(cls):
     kwargs = dict(SMALL[cls], out_indices=(1, 3))
     model = cls(**kwargs).eval()
+    x = torch.randn(1, 3, 64, 96)
     with torch.no_grad():
-        outs = model(torch.randn(1, 3, 64, 96))
+        outs = model(x)
     assert len(outs) == 2
+    # the outputs are those of stages 1 and 3 of the same model returning all four
+    # (which has the output norms of stages 0 and 2 too)
+    full = cls(**SMALL[cls]).eval()
+    assert not full.load_state_dict(model.state_dict(), strict=False).unexpected_keys
+    with torch.no_grad():
+        all_outs = full(x)
+    torch.testing.assert_close(outs[0], all_outs[1])
+    torch.testing.assert_close(outs[1], all_outs[3])
     if cls is not InLineDeiT:
         assert [o.shape[1] for o in outs] == [CHANNELS[cls][1], CHANNELS[cls][3]]
         assert [tuple(o.shape[2:]) for o in outs] == [expected_sizes(cls, 64, 96)[i]
                                                      for i in (1, 3)]
 
 
+#: parameters frozen by frozen_stages=1: the stem, stage 1 and its output norm (as mmdet's Swin)
+FROZEN_BY_STAGE_1 = {
+    InLinePVT: ('patch_embed1.', 'pos_embed1', 'block1.'),
+    InLineSwin: ('patch_embed.', 'layers.0.', 'norm0.'),
+    InLineCSWin: ('stage1_conv_embed.', 'stage1.', 'norm0.'),
+    InLineDeiT: ('patch_embed.', 'cls_token', 'pos_embed', 'blocks.0.'),
+}
+
+
 @pytest.mark.parametrize('cls', list(SMALL))
 def test_frozen_stages(cls):
     model = cls(**dict(SMALL[cls], frozen_stages=1, drop_path_rate=0.1))
+    # exactly the named parameters are frozen (independent of _stage_parts)
+    prefixes = FROZEN_BY_STAGE_1[cls]
+    names = [n for n, _ in model.named_parameters()]
+    assert all(any(n.startswith(p) for n in names) for p in prefixes)
+    assert {n for n, p in model.named_parameters() if not p.requires_grad} == \
+        {n for n in names if n.startswith(prefixes)}
     frozen = model._stage_parts(0) + model._stage_parts(1)
     later = model._stage_parts(2)
     assert model.train() is model  # train() returns self
@@ -108,11 +132,17 @@ def test_with_cp_same_outputs_and_gradients(cls):
     ckpt = cls(**dict(SMALL[cls], drop_path_rate=0., with_cp=True))
     ckpt.load_state_dict(plain.state_dict())
     x = torch.randn(2, 3, 64, 80)
+    calls = []
+    blocks = [m for m in ckpt.modules() if type(m).__name__ in ('TransformerBlock', 'CSWinBlock')]
+    for m in blocks:
+        m.register_forward_pre_hook(lambda *_: calls.append(1))
     outs_a, outs_b = plain(x), ckpt(x)
     for a, b in zip(outs_a, outs_b):
         torch.testing.assert_close(a, b)
+    assert blocks and len(calls) == len(blocks)
     sum(o.square().mean() for o in outs_a).backward()
     sum(o.square().mean() for o in outs_b).backward()
+    assert len(calls) == 2 * len(blocks)  # checkpointed: every block recomputed in backward
     for (name, pa), pb in zip(plain.named_parameters(), ckpt.parameters()):
         if pa.grad is None:
             assert pb.grad is None, name
@@ -155,7 +185,12 @@ def test_swin_windows_clip_and_shift_masks():
     x = torch.randn(1, 5 * 16, 32)
     with torch.no_grad():
         y = block(x, (5, 16))
-    assert y.shape == x.shape and torch.isfinite(y).all()
+        assert y.shape == x.shape and torch.isfinite(y).all()
+        # the same as a (5, 7) window shifted along W only; the W shift is kept
+        block.window, block.shift = (5, 7), (0, 3)
+        torch.testing.assert_close(y, block(x, (5, 16)))
+        block.shift = 0
+        assert not torch.allclose(y, block(x, (5, 16)), atol=1e-3)
     # the window partition a shifted block sees: one (7, 7) window size, 6 windows
     calls = []
 
@@ -165,6 +200,10 @@ def test_swin_windows_clip_and_shift_masks():
 
     run_in_windows(torch.randn(1, 10, 16, 8), (7, 7), spy, shift=3)
     assert calls == [((7, 7), (6, 49, 49))]
+    # on the 5 x 16 map: (5, 7) windows, 16 columns padded to 21, 3 windows
+    calls.clear()
+    run_in_windows(torch.randn(1, 5, 16, 8), (7, 7), spy, shift=3)
+    assert calls == [((5, 7), (3, 35, 35))]
 
 
 def _noisy_padding(monkeypatch):
@@ -214,6 +253,14 @@ def test_padded_tokens_never_reach_real_ones_in_cswin_stripes(monkeypatch):
 def test_fp16_autocast_outputs_finite(cls):
     """Under fp16 autocast (the GPU AMP dtype) every output stays finite at a large size."""
     model = cls(**SMALL[cls]).eval()
+    # K and V of mean ~8, as in trained models: fp16 sums of K^T V over the thousands of tokens
+    # of a stage / window exceed 65504; the InLine reductions must run in fp32
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(getattr(m, 'kv', None), torch.nn.Linear):
+                m.kv.bias += 8
+            elif isinstance(getattr(m, 'qkv', None), torch.nn.Linear):
+                m.qkv.bias[m.qkv.out_features // 3:] += 8
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16):
         outs = model(torch.randn(1, 3, 512, 640) * 3)
     assert all(torch.isfinite(o.float()).all() for o in outs)
@@ -235,6 +282,8 @@ def test_inline_window_options():
     m_rect = InLineSwin(**base, attn_type='IIII', inline_window=(8, 24)).eval()
     with torch.no_grad():
         assert m_rect(x)[0].shape == (1, 96, 80, 72)
+    # (h, w) = (8, 24): 8 rows, 24 columns, in every InLine block
+    assert {b.window for layer in m_rect.layers for b in layer.blocks} == {(8, 24)}
 
 
 @pytest.mark.parametrize('kwargs,match', [
@@ -271,7 +320,8 @@ def test_init_cfg_as_a_list_converts_and_resizes(tmp_path):
     """[dict(type='Pretrained', ...)] (mmdet's list form) takes the plugin's loader too."""
     src = InLineDeiT(arch='tiny', depth=2, out_indices=(1,))  # a 14 x 14 position table
     path = tmp_path / 'deit.pth'
-    torch.save({'model': {**src.state_dict(), 'head.weight': torch.zeros(1000, 192)}}, path)
+    state = {k: v for k, v in src.state_dict().items() if not k.startswith('blocks.1.norm1.')}
+    torch.save({'model': {**state, 'head.weight': torch.zeros(1000, 192)}}, path)
     dst = InLineDeiT(arch='tiny', depth=2, out_indices=(1,), pretrain_img_size=320,
                      init_cfg=[dict(type='Constant', layer='LayerNorm', val=3.0),
                                dict(type='Pretrained', checkpoint=str(path))])
@@ -280,18 +330,25 @@ def test_init_cfg_as_a_list_converts_and_resizes(tmp_path):
     torch.testing.assert_close(dst.blocks[0].attn.proj.weight, src.blocks[0].attn.proj.weight)
     # the Pretrained entry runs last: the LayerNorms hold the checkpoint's values
     torch.testing.assert_close(dst.norm.weight, src.norm.weight)
+    # the other entries ran too: the LayerNorm the checkpoint lacks holds the Constant
+    torch.testing.assert_close(dst.blocks[1].norm1.weight, torch.full((192,), 3.0))
     assert isinstance(dst.init_cfg, list)  # the config is left as it was given
 
 
 def test_attn_drop_rate_reaches_the_softmax_blocks():
-    swin = InLineSwin(arch='tiny', depths=[1, 1, 1, 2], attn_drop_rate=0.25)
+    # no stochastic depth: only the attention dropout can make two passes differ
+    swin = InLineSwin(arch='tiny', depths=[1, 1, 1, 2], attn_drop_rate=0.25, drop_path_rate=0.)
     assert swin.layers[3].blocks[1].attn.attn_drop.p == 0.25
-    cswin = InLineCSWin(arch='tiny', depths=[1, 1, 2, 1], attn_drop_rate=0.25)
+    cswin = InLineCSWin(arch='tiny', depths=[1, 1, 2, 1], attn_drop_rate=0.25,
+                        drop_path_rate=0.)
     assert cswin.stage3[0].attns[0].attn_drop.p == 0.25
     # in training the attention weights are dropped: two passes differ
-    block = swin.layers[3].blocks[1].train()
-    x = torch.randn(1, 49, 768)
-    assert not torch.allclose(block(x, (7, 7)), block(x, (7, 7)))
+    for block, x, hw in [(swin.layers[3].blocks[1], torch.randn(1, 49, 768), (7, 7)),
+                         (cswin.stage3[0], torch.randn(1, 49, 256), (7, 7))]:
+        block.train()
+        assert not torch.allclose(block(x, hw), block(x, hw))
+        block.eval()
+        torch.testing.assert_close(block(x, hw), block(x, hw))
     InLinePVT(arch='tiny', depths=[1, 1, 1, 1], attn_drop_rate=0.1)  # accepted (no matrix)
     InLineDeiT(arch='tiny', depth=2, out_indices=(1,), attn_drop_rate=0.1)
 
