@@ -118,6 +118,11 @@ def test_position_tables_resized_on_load(tmp_path):
     dst.init_weights()
     assert dst.pos_embed.shape == (1, 1 + 20 * 20, 192)
     torch.testing.assert_close(dst.pos_embed[:, :1], src.pos_embed[:, :1])
+    # the grid part: the checkpoint's 14 x 14 table resized bilinearly (the authors' way)
+    grid = src.pos_embed.detach()[:, 1:].reshape(1, 14, 14, 192).permute(0, 3, 1, 2)
+    grid = torch.nn.functional.interpolate(grid, size=(20, 20), mode='bilinear',
+                                           align_corners=False)
+    torch.testing.assert_close(dst.pos_embed[:, 1:], grid.flatten(2).transpose(1, 2))
     swin_src = InLineSwin(arch='tiny', depths=[1, 1, 1, 2], attn_type='IIIS')
     path = tmp_path / 'swin.pth'
     torch.save({'model': swin_src.state_dict()}, path)
@@ -125,7 +130,13 @@ def test_position_tables_resized_on_load(tmp_path):
                       init_cfg=dict(type='Pretrained', checkpoint=str(path)))
     report = __import__('inline_mm').load_pretrained(swin, str(path))
     assert any('relative_position_bias_table' in r for r in report['resized'])
-    assert swin.layers[3].blocks[0].attn.relative_position_bias_table.shape == (23 * 23, 24)
+    table = swin.layers[3].blocks[0].attn.relative_position_bias_table
+    assert table.shape == (23 * 23, 24)
+    # the checkpoint's 13 x 13 table resized by timm, not the model's own initial table
+    from timm.layers import resize_rel_pos_bias_table
+    src_table = swin_src.layers[3].blocks[0].attn.relative_position_bias_table.detach()
+    torch.testing.assert_close(table.detach(), resize_rel_pos_bias_table(
+        src_table, new_window_size=(12, 12), new_bias_shape=(23 * 23, 24)))
 
 
 def _digest(path):
