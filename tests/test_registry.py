@@ -19,13 +19,23 @@ class _RegistryProbe(nn.Module):
         self.layer = nn.Linear(width, width)
 
 
+@register_model(name='_RegistryProbeByName')
+class _NamedProbe(_RegistryProbe):
+    pass
+
+
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
 def test_helper_registers_into_both_scopes(scope):
     registry = MMDET_MODELS if scope == 'mmdet' else MMSEG_MODELS
     with DefaultScope.overwrite_default_scope(scope):
         module = registry.build(dict(type='_RegistryProbe', width=5))
+        named = registry.build(dict(type='_RegistryProbeByName'))
     assert isinstance(module, _RegistryProbe)
     assert module.layer.in_features == 5
+    # register_model(name=...) registers under that name only
+    assert type(named) is _NamedProbe
+    assert '_RegistryProbeByName' in registry.module_dict
+    assert '_NamedProbe' not in registry.module_dict
 
 
 @pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
