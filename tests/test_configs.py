@@ -39,6 +39,15 @@ def test_the_expected_configs_exist():
     assert 'seg/upernet_inline-deit-s_mln_8xb2-160k_ade20k-512x512.py' in names
 
 
+def _metafile_entry(path):
+    """The model-zoo entry of a config (configs/<task>/metafile.yml), or None."""
+    import yaml
+    rel = os.path.relpath(path, REPO_ROOT)
+    with open(os.path.join(REPO_ROOT, 'configs', rel.split(os.sep)[1], 'metafile.yml')) as f:
+        models = yaml.safe_load(f)['Models']
+    return next((m for m in models if m['Config'] == rel), None)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
 def test_config_builds_and_runs_forward(path):
@@ -57,15 +66,22 @@ def test_config_builds_and_runs_forward(path):
                    for k in ('pos_embed', 'relative_position_bias_table'))
     # tools/train.py --auto-scale-lr needs the batch size the learning rate was set for
     assert cfg.auto_scale_lr['base_batch_size'] > 0
-    backbone.update(SHRINK[backbone.type], init_cfg=None)
     init_default_scope(cfg.default_scope)
     if cfg.default_scope == 'mmdet':
         from mmdet.registry import MODELS
+    else:
+        from mmseg.registry import MODELS
+    entry = _metafile_entry(path)
+    if entry is not None and 'Parameters' in entry['Metadata']:  # as the model zoo states
+        full = MODELS.build(cfg.model)
+        assert sum(p.numel() for p in full.parameters()) == entry['Metadata']['Parameters']
+        del full
+    backbone.update(SHRINK[backbone.type], init_cfg=None)
+    if cfg.default_scope == 'mmdet':
         from mmdet.structures import DetDataSample
         sample = DetDataSample(metainfo=dict(img_shape=(96, 128), ori_shape=(96, 128),
                                              scale_factor=(1.0, 1.0)))
     else:
-        from mmseg.registry import MODELS
         from mmseg.structures import SegDataSample
         sample = SegDataSample(metainfo=dict(img_shape=(96, 128), ori_shape=(96, 128),
                                              pad_shape=(96, 128)))
