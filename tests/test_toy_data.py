@@ -90,8 +90,10 @@ def test_coco_annotations_match_masks(coco_root):
                 assert abs(int(mask.sum()) - ann['area']) <= max(3, 0.02 * ann['area'])
                 ys, xs = np.nonzero(mask)
                 x, y, w, h = ann['bbox']
-                box = [xs.min(), ys.min(), xs.max() + 1 - xs.min(), ys.max() + 1 - ys.min()]
-                assert np.allclose(box, [x, y, w, h], atol=1), (box, ann['bbox'])
+                box = [int(xs.min()), int(ys.min()), int(xs.max() + 1 - xs.min()),
+                       int(ys.max() + 1 - ys.min())]
+                # [x, y, w, h] of the visible pixels: exactly the tight box, w = x_max + 1 - x
+                assert box == [x, y, w, h], (box, ann['bbox'])
                 assert 0 <= x and 0 <= y and x + w <= 96 and y + h <= 96
     assert used == {1, 2, 3}
     assert max_per_image >= 2
@@ -232,6 +234,11 @@ def test_ade_deterministic(tmp_path, ade_root):
         for name in os.listdir(osp.join(ade_root, sub)):
             np.testing.assert_array_equal(_read(osp.join(ade_root, sub, name)),
                                           _read(osp.join(other, sub, name)))
+    # Another seed gives other images.
+    reseeded = str(tmp_path / 'seed1')
+    make_ade_toy(reseeded, **dict(SMALL, seed=1, num_train=1, num_val=1))
+    name = osp.join('images', 'training', 'toy_000001.jpg')
+    assert not np.array_equal(_read(osp.join(ade_root, name)), _read(osp.join(reseeded, name)))
 
 
 def test_mmseg_ade_dataset(ade_root):
