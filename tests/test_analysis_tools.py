@@ -108,6 +108,10 @@ def test_benchmark_writes_json_and_png(tmp_path):
 def test_slope_of_a_power_law():
     pts = [(p, 3.0 * p ** 1.5) for p in (1e4, 4e4, 1.6e5)]
     assert benchmark.slope(pts) == pytest.approx(1.5)
+    # measured (noisy) latencies: the least-squares slope in log-log, as numpy fits it
+    noisy = [(1e4, 2.0), (4e4, 9.0), (1.6e5, 24.0), (6.4e5, 130.0)]
+    fit = np.polyfit(np.log([p for p, _ in noisy]), np.log([t for _, t in noisy]), 1)[0]
+    assert benchmark.slope(noisy) == pytest.approx(fit)
 
 
 def test_inline_rows_match_the_dense_matrix():
