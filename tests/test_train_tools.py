@@ -200,6 +200,8 @@ def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
 
 def test_cpu_autocast_wrapper_runs_the_forward_in_bf16():
     from mmengine.optim import build_optim_wrapper
+
+    import inline_mm.engine  # noqa: F401  (registers the wrapper, as custom_imports does)
     model = torch.nn.Linear(4, 2)
     before = model.weight.detach().clone()
     wrapper = build_optim_wrapper(model, dict(type='CPUAutocastOptimWrapper',
