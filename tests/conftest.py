@@ -32,3 +32,69 @@ def _cpu_fp16_supported() -> bool:
 requires_cpu_fp16 = pytest.mark.skipif(not _cpu_fp16_supported(),
                                        reason='this torch has no fp16 kernels / autocast '
                                        'on the CPU (the fp16 path is the GPU one)')
+
+
+# ------------------------------------------------ runs of the tools on the toy detector
+#: what the subprocess tests train: the toy Mask R-CNN config through tools/train.py
+TOY_DET_CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
+TRAIN_TOOL = os.path.join(REPO_ROOT, 'tools', 'train.py')
+
+
+@pytest.fixture(scope='module')
+def toy_root(tmp_path_factory):
+    """A tiny toy COCO set (8 train / 2 val images of 128 px), once per test module."""
+    from inline_mm.datasets import make_coco_toy
+    root = str(tmp_path_factory.mktemp('data') / 'coco_toy')
+    make_coco_toy(root, num_train=8, num_val=2, image_size=128, seed=1)
+    return root
+
+
+def toy_det_options(root: str, flip: bool = False, **extra) -> list:
+    """``--cfg-options`` for the toy detector on ``root``: deterministic kernels,
+    a loss logged every iteration, no validation, random flip off unless ``flip``."""
+    opts = {
+        'train_dataloader.dataset.data_root': root + '/',
+        'val_dataloader.dataset.data_root': root + '/',
+        'test_dataloader.dataset.data_root': root + '/',
+        'val_evaluator.ann_file': root + '/annotations/instances_val.json',
+        'test_evaluator.ann_file': root + '/annotations/instances_val.json',
+        'train_cfg.val_interval': 1000,
+        'default_hooks.logger.interval': 1,
+        'randomness.deterministic': True,
+    }
+    if not flip:
+        opts['train_dataloader.dataset.pipeline.3.prob'] = 0.0
+    opts.update(extra)
+    return ['--cfg-options'] + [f'{k}={v}' for k, v in opts.items()]
+
+
+def tool_env(**faults) -> dict:
+    """The environment of a tool subprocess: unbuffered, one OpenMP thread per process,
+    and the test-only fault injection (``INLINE_MM_FAULT_INJECTION``) if ``faults``."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
+    env.pop('INLINE_MM_FAULT_INJECTION', None)
+    if faults:
+        env['INLINE_MM_FAULT_INJECTION'] = ';'.join(f'{k}={v}' for k, v in faults.items())
+    return env
+
+
+def scalars(work_dir: str, all_runs: bool = False) -> list:
+    """The rows of ``scalars.json`` of the newest run in ``work_dir`` (of every run,
+    oldest first, with ``all_runs``: a resumed run logs into a new timestamped folder);
+    ``[]`` while nothing is logged yet."""
+    import glob
+    import json
+    files = sorted(glob.glob(os.path.join(work_dir, '*', 'vis_data', 'scalars.json')))
+    rows = []
+    for path in files if all_runs else files[-1:]:
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    return rows
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback now (for a torch.distributed master)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]

@@ -8,79 +8,39 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from conftest import REPO_ROOT
+from conftest import (REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, free_port, tool_env,
+                      toy_det_options)
+from conftest import scalars as all_scalars
 
-from inline_mm.datasets import make_coco_toy
 from inline_mm.engine.fault_tolerance import (PREEMPTED_EXIT_CODE, atomic_write,
                                               checkpoint_problem, newest_readable_checkpoint)
 
-CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
-TRAIN = os.path.join(REPO_ROOT, 'tools', 'train.py')
+CONFIG, TRAIN = TOY_DET_CONFIG, TRAIN_TOOL
 DIST_TRAIN = os.path.join(REPO_ROOT, 'tools', 'dist_train.sh')
 
 
-@pytest.fixture(scope='module')
-def toy_root(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp('data') / 'coco_toy')
-    make_coco_toy(root, num_train=8, num_val=2, image_size=128, seed=1)
-    return root
-
-
 def options(root, flip=False, **extra):
-    opts = {
-        'train_dataloader.dataset.data_root': root + '/',
-        'val_dataloader.dataset.data_root': root + '/',
-        'test_dataloader.dataset.data_root': root + '/',
-        'val_evaluator.ann_file': root + '/annotations/instances_val.json',
-        'test_evaluator.ann_file': root + '/annotations/instances_val.json',
-        'train_cfg.val_interval': 1000,
-        'default_hooks.logger.interval': 1,
-        'train_dataloader.batch_size': 2,
-        'randomness.deterministic': True,
-    }
-    if not flip:
-        opts['train_dataloader.dataset.pipeline.3.prob'] = 0.0
-    opts.update(extra)
-    return ['--cfg-options'] + [f'{k}={v}' for k, v in opts.items()]
-
-
-def env(**faults):
-    e = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
-    e.pop('INLINE_MM_FAULT_INJECTION', None)
-    if faults:
-        e['INLINE_MM_FAULT_INJECTION'] = ';'.join(f'{k}={v}' for k, v in faults.items())
-    return e
+    return toy_det_options(root, flip, **{'train_dataloader.batch_size': 2, **extra})
 
 
 def train(work, root, *args, faults=None, **extra):
     return subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', work, *args] +
                           options(root, **extra), capture_output=True, text=True,
-                          env=env(**(faults or {})), cwd=REPO_ROOT, timeout=600)
+                          env=tool_env(**(faults or {})), cwd=REPO_ROOT, timeout=600)
 
 
 def scalars(work_dir):
-    rows = []
-    for path in sorted(glob.glob(os.path.join(work_dir, '*', 'vis_data', 'scalars.json'))):
-        with open(path) as f:
-            rows += [json.loads(line) for line in f if line.strip()]
-    return rows
+    return all_scalars(work_dir, all_runs=True)
 
 
 def losses(work_dir):
     return {r['iter']: r['loss'] for r in scalars(work_dir) if 'loss' in r}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def weights(path):
@@ -178,7 +138,7 @@ def test_kill_during_a_checkpoint_save_resumes_from_a_readable_one(toy_root, tmp
     proc = subprocess.Popen([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
                             options(toy_root, **extra), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, cwd=REPO_ROOT,
-                            env=env(slow_write='60:2'))  # the 2nd save takes a minute
+                            env=tool_env(slow_write='60:2'))  # the 2nd save takes a minute
     try:
         writing = wait_for(lambda: glob.glob(os.path.join(work, '.iter_4.pth.*.tmp')), proc)
         assert writing, 'the save of iter_4.pth never started'
@@ -216,7 +176,7 @@ def test_unwritable_work_dir_at_save_time(toy_root, tmp_path, fault):
         proc = subprocess.Popen([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
                                 options(toy_root, **extra), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                                env=env(slow_write='5:2'))
+                                env=tool_env(slow_write='5:2'))
         try:
             assert wait_for(lambda: os.path.exists(os.path.join(work, 'last_checkpoint')), proc)
             # chmod does not stop root; an immutable folder does (checked here)
@@ -334,7 +294,7 @@ def dist_train(work, root, nproc, port, extra, *args, **env_extra):
         ['bash', DIST_TRAIN, CONFIG, str(nproc), '--work-dir', work, *args] +
         options(root, **extra),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
-        env=dict(env(), PORT=str(port), **env_extra), start_new_session=True)
+        env=dict(tool_env(), PORT=str(port), **env_extra), start_new_session=True)
 
 
 @pytest.mark.slow

@@ -3,65 +3,24 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import torch
-from conftest import REPO_ROOT
+from conftest import (REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, free_port, scalars,
+                      tool_env, toy_det_options)
 
-from inline_mm.datasets import make_coco_toy
 
 # subprocess runs (training, a fresh interpreter): the slow tier
 pytestmark = pytest.mark.slow
 
-CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
-TRAIN = os.path.join(REPO_ROOT, 'tools', 'train.py')
+CONFIG, TRAIN = TOY_DET_CONFIG, TRAIN_TOOL
 SEG_CONFIG = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')
 
 
-@pytest.fixture(scope='module')
-def toy_root(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp('data') / 'coco_toy')
-    make_coco_toy(root, num_train=8, num_val=2, image_size=128, seed=1)
-    return root
-
-
-def options(root, **extra):
-    opts = {
-        'train_dataloader.dataset.data_root': root + '/',
-        'val_dataloader.dataset.data_root': root + '/',
-        'test_dataloader.dataset.data_root': root + '/',
-        'val_evaluator.ann_file': root + '/annotations/instances_val.json',
-        'test_evaluator.ann_file': root + '/annotations/instances_val.json',
-        'train_cfg.val_interval': 1000,
-        'default_hooks.logger.interval': 1,
-        # deterministic: no random flip, deterministic kernels
-        'train_dataloader.dataset.pipeline.3.prob': 0.0,
-        'randomness.deterministic': True,
-    }
-    opts.update(extra)
-    return ['--cfg-options'] + [f'{k}={v}' for k, v in opts.items()]
-
-
-def env():
-    e = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
-    return e
-
-
-def scalars(work_dir):
-    files = glob.glob(os.path.join(work_dir, '*', 'vis_data', 'scalars.json'))
-    assert files, f'no scalars.json under {work_dir}'
-    with open(sorted(files)[-1]) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+options = toy_det_options
 
 
 def test_two_processes_log_the_same_first_loss_as_one(toy_root, tmp_path):
@@ -70,13 +29,13 @@ def test_two_processes_log_the_same_first_loss_as_one(toy_root, tmp_path):
     one = subprocess.run(
         [sys.executable, TRAIN, CONFIG, '--work-dir', single_dir] +
         options(toy_root, **common, **{'train_dataloader.batch_size': 2}),
-        capture_output=True, text=True, env=env(), cwd=REPO_ROOT)
+        capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(
         ['bash', os.path.join(REPO_ROOT, 'tools', 'dist_train.sh'), CONFIG, '2',
          '--work-dir', dist_dir] +
         options(toy_root, **common, **{'train_dataloader.batch_size': 1}),
-        capture_output=True, text=True, env=dict(env(), PORT=str(free_port())), cwd=REPO_ROOT)
+        capture_output=True, text=True, env=dict(tool_env(), PORT=str(free_port())), cwd=REPO_ROOT)
     assert two.returncode == 0, two.stderr[-3000:]
     assert 'GPU number: 2' in two.stdout + two.stderr  # mmengine's name for the world size
     loss_one = [r for r in scalars(single_dir) if r.get('iter') == 1][0]['loss']
@@ -97,14 +56,14 @@ def test_killed_run_resumes_to_the_same_weights(toy_root, tmp_path):
              'train_dataloader.batch_size': 2}
     straight = str(tmp_path / 'straight')
     run = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', straight] +
-                         options(toy_root, **extra), capture_output=True, text=True, env=env(),
+                         options(toy_root, **extra), capture_output=True, text=True, env=tool_env(),
                          cwd=REPO_ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
 
     work = str(tmp_path / 'interrupted')
     proc = subprocess.Popen([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
                             options(toy_root, **extra), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env(), cwd=REPO_ROOT)
+                            stderr=subprocess.DEVNULL, env=tool_env(), cwd=REPO_ROOT)
     deadline = time.time() + 300
     marker = os.path.join(work, 'last_checkpoint')
     while not os.path.exists(marker) and proc.poll() is None and time.time() < deadline:
@@ -116,7 +75,7 @@ def test_killed_run_resumes_to_the_same_weights(toy_root, tmp_path):
 
     resumed = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', work, '--resume'] +
                              options(toy_root, **extra), capture_output=True, text=True,
-                             env=env(), cwd=REPO_ROOT)
+                             env=tool_env(), cwd=REPO_ROOT)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert 'resumed' in (resumed.stdout + resumed.stderr).lower()
     a = _weights(os.path.join(straight, 'iter_6.pth'))
@@ -132,7 +91,7 @@ def test_missing_data_folder_stops_before_training(tmp_path):
     (work / 'keep.txt').write_text('earlier results')
     run = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', str(work)] +
                          options(str(tmp_path / 'no_such_data')), capture_output=True,
-                         text=True, env=env(), cwd=REPO_ROOT)
+                         text=True, env=tool_env(), cwd=REPO_ROOT)
     assert run.returncode != 0
     assert 'no_such_data' in run.stderr and 'COCO layout' in run.stderr
     assert sorted(os.listdir(work)) == ['keep.txt']
@@ -145,7 +104,7 @@ def test_unreadable_annotation_file_is_named(toy_root, tmp_path):
     shutil.copytree(toy_root, root)
     (root / 'annotations' / 'instances_train.json').write_text('{"images": [')
     run = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', str(tmp_path / 'w')] +
-                         options(str(root)), capture_output=True, text=True, env=env(),
+                         options(str(root)), capture_output=True, text=True, env=tool_env(),
                          cwd=REPO_ROOT)
     assert run.returncode != 0
     assert 'instances_train.json' in run.stderr and 'cannot be read' in run.stderr
@@ -157,7 +116,7 @@ def test_inference_benchmark_on_two_processes(toy_root, tmp_path):
     run = subprocess.run(
         ['bash', os.path.join(REPO_ROOT, 'tools', 'dist_benchmark.sh'), CONFIG, '2',
          '--max-iter', '3', '--warmup', '1', '--log-interval', '2', '--out', str(out)] + opts,
-        capture_output=True, text=True, env=dict(env(), PORT=str(free_port())), cwd=REPO_ROOT)
+        capture_output=True, text=True, env=dict(tool_env(), PORT=str(free_port())), cwd=REPO_ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result['world_size'] == 2
@@ -174,7 +133,7 @@ def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
     work = str(tmp_path / 'work')
     extra = {'train_cfg.max_iters': 2, 'default_hooks.checkpoint.interval': 2}
     run = subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
-                         options(toy_root, **extra), capture_output=True, text=True, env=env(),
+                         options(toy_root, **extra), capture_output=True, text=True, env=tool_env(),
                          cwd=REPO_ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     ckpt = os.path.join(work, 'iter_2.pth')
@@ -182,7 +141,7 @@ def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
     test = subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'tools', 'test.py'), CONFIG,
                            ckpt, '--work-dir', str(tmp_path / 'test'), '--out', out_pkl,
                            '--show-dir', 'vis'] + options(toy_root), capture_output=True,
-                          text=True, env=env(), cwd=REPO_ROOT)
+                          text=True, env=tool_env(), cwd=REPO_ROOT)
     assert test.returncode == 0, test.stderr[-3000:]
     assert 'coco/bbox_mAP' in test.stdout + test.stderr
     assert os.path.getsize(out_pkl) > 0
@@ -192,7 +151,7 @@ def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
     infer = subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'tools', 'infer.py')] +
                            images + ['--config', CONFIG, '--checkpoint', ckpt,
                                      '--out-dir', str(tmp_path / 'pred'), '--score-thr', '0.0'],
-                           capture_output=True, text=True, env=env(), cwd=REPO_ROOT)
+                           capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
     assert infer.returncode == 0, infer.stderr[-3000:]
     written = sorted(os.listdir(tmp_path / 'pred'))
     assert written == [os.path.basename(p)[:-4] + '.png' for p in images]
