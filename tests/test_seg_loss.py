@@ -12,6 +12,14 @@ import inline_mm.models.seg_losses  # noqa: E402,F401  (registers the loss)
 WEIGHTS = [0.25, 1.0, 2.0, 1.0]
 
 
+def build_loss(**kwargs):
+    """The loss from mmseg's registry, as a config names it (whatever scope an earlier
+    test left as the default)."""
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmseg'):
+        return MODELS.build(dict(type='IgnoreSafeCrossEntropyLoss', **kwargs))
+
+
 def _batch(with_ignored: bool):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 4, 6, 7, generator=g)
@@ -22,8 +30,7 @@ def _batch(with_ignored: bool):
 
 
 def test_class_weight_with_ignored_pixels_is_pytorchs_weighted_mean():
-    loss = MODELS.build(dict(type='IgnoreSafeCrossEntropyLoss', class_weight=WEIGHTS,
-                             loss_weight=0.5))
+    loss = build_loss(class_weight=WEIGHTS, loss_weight=0.5)
     logits, label = _batch(with_ignored=True)
     expected = F.cross_entropy(logits, label, weight=torch.tensor(WEIGHTS), ignore_index=255)
     torch.testing.assert_close(loss(logits, label, ignore_index=255), 0.5 * expected)
@@ -35,14 +42,14 @@ def test_class_weight_with_ignored_pixels_is_pytorchs_weighted_mean():
 def test_same_as_mmseg_where_mmseg_works():
     logits, label = _batch(with_ignored=False)
     for kwargs in (dict(class_weight=WEIGHTS), dict(), dict(avg_non_ignore=True)):
-        ours = MODELS.build(dict(type='IgnoreSafeCrossEntropyLoss', **kwargs))
+        ours = build_loss(**kwargs)
         theirs = CrossEntropyLoss(**kwargs)
         torch.testing.assert_close(ours(logits, label, ignore_index=255),
                                    theirs(logits, label, ignore_index=255))
 
 
 def test_labels_outside_the_classes_still_fail():
-    loss = MODELS.build(dict(type='IgnoreSafeCrossEntropyLoss', class_weight=WEIGHTS))
+    loss = build_loss(class_weight=WEIGHTS)
     logits, label = _batch(with_ignored=True)
     label[0, 0, 0] = 7
     with pytest.raises((IndexError, RuntimeError), match='out of bounds'):
