@@ -105,9 +105,11 @@ def build_backbone(name: str) -> nn.Module:
         return Features()
     if name == 'timm_deit_t':
         from timm.models.vision_transformer import VisionTransformer
+        # dynamic_img_pad: sizes that are not multiples of 16 (1333x800) are padded, as
+        # the InLine backbones pad (no effect at multiples of 16)
         return VisionTransformer(img_size=224, patch_size=16, embed_dim=192, depth=12,
                                  num_heads=3, num_classes=0, global_pool='',
-                                 dynamic_img_size=True)
+                                 dynamic_img_size=True, dynamic_img_pad=True)
     raise ValueError(f'unknown model {name!r}: use inline_<family>_<t|s|m|l|b>, mmdet_pvt_t, '
                      f'mmdet_swin_t, timm_deit_t, or --config')
 
@@ -255,6 +257,23 @@ def onnx_part(spec: str, model: nn.Module) -> Tuple[nn.Module, str]:
     return wrap_part(model.model, part, model.task), part
 
 
+@contextmanager
+def _exportable_timm_vit() -> Iterator[None]:
+    """Export timm's dynamic-size ViT: its position table is resized per input with
+    antialiased bicubic interpolation, which has no ONNX operator; during the export
+    it is resized with plain bicubic interpolation (an upsampling here: the same cost,
+    values within the interpolation kernels' difference)."""
+    import functools
+
+    import timm.models.vision_transformer as vit
+    original = vit.resample_abs_pos_embed
+    vit.resample_abs_pos_embed = functools.partial(original, antialias=False)
+    try:
+        yield
+    finally:
+        vit.resample_abs_pos_embed = original
+
+
 def time_onnxruntime_rows(models: Dict[str, nn.Module], size, batch, warmup, repeats,
                           threads, folder, progress) -> Dict[str, dict]:
     """Export every model at ``size`` (fixed shape) and time it in onnxruntime.
@@ -271,7 +290,8 @@ def time_onnxruntime_rows(models: Dict[str, nn.Module], size, batch, warmup, rep
         progress(f'  onnxruntime: {spec} ({part}) at {size[1]}x{size[0]} b{batch}')
         try:
             start = time.perf_counter()
-            export_onnx(module, size, path, dynamic=False, batch=batch)
+            with _exportable_timm_vit():
+                export_onnx(module, size, path, dynamic=False, batch=batch)
             export_s = time.perf_counter() - start
             times = time_onnxruntime(path, size, batch, warmup, repeats, threads)
         except Exception as err:  # noqa: BLE001  (a model that does not export: keep the rest)
