@@ -144,6 +144,8 @@ def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
                           text=True, env=tool_env(), cwd=REPO_ROOT)
     assert test.returncode == 0, test.stderr[-3000:]
     assert 'coco/bbox_mAP' in test.stdout + test.stderr
+    # the trained weights are what is evaluated (mmengine's runner names the file it loads)
+    assert f'Load checkpoint from {ckpt}' in test.stdout + test.stderr
     assert os.path.getsize(out_pkl) > 0
     assert glob.glob(str(tmp_path / 'test' / '*' / 'vis' / '*.jpg')) or \
         glob.glob(str(tmp_path / 'test' / '*' / 'vis' / '*.png'))
@@ -153,6 +155,7 @@ def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
                                      '--out-dir', str(tmp_path / 'pred'), '--score-thr', '0.0'],
                            capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
     assert infer.returncode == 0, infer.stderr[-3000:]
+    assert f'from path: {ckpt}' in infer.stdout + infer.stderr  # mmengine's load_checkpoint
     written = sorted(os.listdir(tmp_path / 'pred'))
     assert written == [os.path.basename(p)[:-4] + '.png' for p in images]
 
