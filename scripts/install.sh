@@ -47,6 +47,18 @@ command -v "$PYTHON_BIN" >/dev/null || die "$PYTHON_BIN not found: inline-mm nee
 "$PYTHON_BIN" -c 'import sys; assert sys.version_info[:2] == (3, 11)' \
   || die "$PYTHON_BIN is not Python 3.11 (the pinned torch / mmcv builds are for 3.11)"
 
+# torch's x86_64 wheel on PyPI is the CUDA build: the environment takes about
+# 6.5 GB.  Check the disk first, so a full disk stops here with a clear message
+# instead of in the middle of pip.
+NEED_GB="${INLINE_MM_NEED_GB:-8}"
+if ! { [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import torch' 2>/dev/null; }; then
+  mkdir -p "$(dirname "$VENV")"
+  free_kb="$(df -Pk "$(dirname "$VENV")" | awk 'NR == 2 {print $4}')"
+  if [[ -n "$free_kb" ]] && (( free_kb < NEED_GB * 1024 * 1024 )); then
+    die "only $(( free_kb / 1024 / 1024 )) GB free on the disk of $(dirname "$VENV"); the environment needs about $NEED_GB GB (torch's CUDA build alone is 5.5 GB). Free some space, or set INLINE_MM_VENV to a folder on a larger disk."
+  fi
+fi
+
 if [[ ! -x "$VENV/bin/python" ]]; then
   step "creating virtual environment $VENV" "$PYTHON_BIN" -m venv "$VENV"
 fi

@@ -244,6 +244,29 @@ def _corrupt_copy(toy_root, dest):
     return files[:3]
 
 
+def test_the_bad_sample_record_is_removed(tmp_path):
+    """The file the data-loader workers share is removed when the wrapper is collected,
+    and by the process that made it when it exits with the wrapper still alive."""
+    code = (
+        'import gc, glob, os, sys\n'
+        'from inline_mm.engine.fault_tolerance import SkipBadSamples\n'
+        'a = SkipBadSamples(list(range(10)))\n'
+        'b = SkipBadSamples(list(range(10)))\n'
+        'assert os.path.isfile(a._record) and os.path.isfile(b._record)\n'
+        'if os.fork() == 0:\n'  # a forked worker exiting must not remove it
+        '    del b; gc.collect(); os._exit(0)\n'
+        'os.wait()\n'
+        'assert os.path.isfile(b._record)\n'
+        'path = a._record; del a; gc.collect()\n'
+        'assert not os.path.exists(path), path\n'
+        'print(b._record)\n')  # b is alive at exit
+    run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         env=dict(os.environ, TMPDIR=str(tmp_path)), cwd=REPO_ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().startswith(str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_bad_samples_are_skipped_once_and_too_many_stop_the_run(toy_root, tmp_path):
     root = str(tmp_path / 'bad')

@@ -37,6 +37,7 @@ import re
 import signal
 import tempfile
 import time
+import weakref
 import zipfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -348,6 +349,15 @@ def file_problem(path: Optional[str]) -> Optional[str]:
     return None
 
 
+def _remove_record(path: str, owner: int) -> None:
+    """Remove the bad-sample record of a :class:`SkipBadSamples` made by ``owner``."""
+    if os.getpid() == owner:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+
+
 @DATASETS.register_module()
 class SkipBadSamples:
     """Dataset wrapper that skips bad samples instead of ending the run.
@@ -401,7 +411,10 @@ class SkipBadSamples:
         self._bad: Dict[int, Tuple[str, str]] = {}  # index -> (file, reason)
         fd, self._record = tempfile.mkstemp(prefix='inline_mm_bad_samples_', suffix='.tsv')
         os.close(fd)
-        self._owner = os.getpid()
+        # removed when the wrapper is collected or, at the latest, when the process
+        # that made it exits (__del__ alone is not called for objects alive at exit);
+        # not in the forked data-loader workers, which share the file
+        weakref.finalize(self, _remove_record, self._record, os.getpid())
         if isinstance(dataset, dict):
             dataset = DATASETS.build(dict(dataset, lazy_init=True)
                                      if _is_base_dataset(dataset) else dataset)
@@ -409,13 +422,6 @@ class SkipBadSamples:
         self._fully_initialized = False
         if not lazy_init:
             self.full_init()
-
-    def __del__(self) -> None:
-        if getattr(self, '_owner', None) == os.getpid():
-            try:
-                os.remove(self._record)
-            except OSError:
-                pass
 
     # -- delegation -----------------------------------------------------------
     def __getattr__(self, name: str) -> Any:
