@@ -182,6 +182,25 @@ def test_training_iteration_benchmark(tmp_path):
     assert data['size'] == [64, 96] and result['batch_size'] == 1
 
 
+@pytest.mark.slow
+def test_training_iteration_breakdown():
+    toy = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
+    result = benchmark_train.main([toy, '--softmax-backbone', 'none', '--size', '96x64',
+                                   '--batch-size', '1', '--objects', '2', '--warmup', '1',
+                                   '--repeats', '1', '--threads', '1', '--breakdown'])
+    (row, ) = result['rows'].values()
+    b = row['breakdown']
+    assert set(b['forward_s']) == set(benchmark_train.DETECTOR_PARTS)
+    assert all(0 < sec < b['step_s'] for sec in b['forward_s'].values())
+    assert b['rest_s'] > 0
+    assert b['rest_s'] + sum(b['forward_s'].values()) == pytest.approx(b['step_s'])
+    # the backbone's patch embedding and the box head's convolutions run, forward and back
+    names = [op['name'] for op in b['top_ops']]
+    assert 'aten::convolution_backward' in names and len(names) == 12
+    assert [op['self_ms'] for op in b['top_ops']] == \
+        sorted((op['self_ms'] for op in b['top_ops']), reverse=True)
+
+
 def test_training_iteration_benchmark_refuses_a_segmentation_config():
     with pytest.raises(ValueError, match='not a detection config'):
         benchmark_train.main([os.path.join(REPO_ROOT, 'configs', 'seg', 'toy',

@@ -23,7 +23,9 @@ and neck under bf16 autocast, heads, losses and mmcv's ops in fp32).
 
 Prints the median time per iteration (with the 25-75 % spread), the InLine /
 softmax ratio per dtype and the bf16 / fp32 ratio per backbone; ``--out``
-writes them as JSON.
+writes them as JSON.  ``--breakdown`` adds, per run, where one iteration's time
+goes: the forward time of the backbone, neck, RPN and RoI parts, the remainder
+(backward, losses, sampling, optimiser), and the slowest operators.
 """
 import argparse
 import copy
@@ -67,8 +69,56 @@ def parse_args(argv=None):
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--breakdown', action='store_true',
+                        help='after the timed rounds, one more iteration per run with the '
+                        'forward time of each part of the detector and the slowest operators '
+                        '(torch.profiler, self CPU time)')
     parser.add_argument('--out', help='write the figures as JSON')
     return parser.parse_args(argv)
+
+
+# the parts of a two-stage detector whose forward time --breakdown reports
+DETECTOR_PARTS = ('backbone', 'neck', 'rpn_head', 'roi_head.bbox_roi_extractor',
+                  'roi_head.bbox_head', 'roi_head.mask_roi_extractor', 'roi_head.mask_head')
+
+
+def breakdown(model, data: dict, optim, top: int = 12) -> dict:
+    """One ``train_step`` under ``torch.profiler``: forward seconds per detector part and
+    the ``top`` operators by self CPU time (grouped by input shapes).
+
+    The rest of the step (backward, losses, target assignment, the optimiser) is
+    ``step_s`` minus the forward parts.  Times include the profiler's overhead.
+    """
+    from torch.profiler import ProfilerActivity, profile
+    modules = dict(model.named_modules())
+    forward: Dict[str, float] = {}
+    handles = []
+    for name in DETECTOR_PARTS:
+        if name not in modules:
+            continue
+
+        def pre(_module, _args, name=name):
+            forward[name] = forward.get(name, 0.0) - time.perf_counter()
+
+        def post(_module, _args, _out, name=name):
+            forward[name] += time.perf_counter()
+
+        handles += [modules[name].register_forward_pre_hook(pre),
+                    modules[name].register_forward_hook(post)]
+    try:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            t0 = time.perf_counter()
+            model.train_step(data, optim)
+            step = time.perf_counter() - t0
+    finally:
+        for handle in handles:
+            handle.remove()
+    events = sorted(prof.key_averages(group_by_input_shape=True),
+                    key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    ops = [dict(name=e.key, input_shapes=str(e.input_shapes)[:120], calls=e.count,
+                self_ms=e.self_cpu_time_total / 1e3) for e in events]
+    return dict(step_s=step, forward_s=forward,
+                rest_s=step - sum(forward.values()), top_ops=ops)
 
 
 _ARCH_LETTER = {'tiny': 't', 'small': 's', 'medium': 'm', 'large': 'l', 'base': 'b'}
@@ -200,12 +250,28 @@ def main(argv=None) -> dict:
         print(f'round {r + 1}/{args.repeats}: ' + ', '.join(
             f'{n} {t[-1]:.2f} s' for n, t in times.items()), flush=True)
 
+    breakdowns = {}
+    if args.breakdown:
+        for key, (_, _, model, optim) in runs.items():
+            breakdowns[key] = b = breakdown(model, data, optim)
+            print(f"\nbreakdown of one iteration, {key} ({b['step_s']:.2f} s under the "
+                  f'profiler):')
+            for part, sec in b['forward_s'].items():
+                print(f'  forward {part:<30} {sec * 1e3:8.0f} ms')
+            print(f"  {'backward, losses, sampling, optimiser':<38} {b['rest_s'] * 1e3:8.0f} ms")
+            print('  slowest operators (self CPU):')
+            for op in b['top_ops']:
+                print(f"    {op['self_ms']:8.1f} ms  {op['calls']:4d} x {op['name']:<28} "
+                      f"{op['input_shapes']}")
+
     rows = {}
     for key, ts in times.items():
         median, p25, p75 = quartiles(ts)
         name, dtype = runs[key][:2]
         rows[key] = dict(backbone=name, dtype=dtype, median_s=median, p25_s=p25, p75_s=p75,
                          times_s=ts)
+        if key in breakdowns:
+            rows[key]['breakdown'] = breakdowns[key]
 
     def row(name: str, dtype: str) -> dict:
         return rows[name if dtype == 'fp32' else f'{name} ({dtype})']
