@@ -248,7 +248,7 @@ def test_the_bad_sample_record_is_removed(tmp_path):
     """The file the data-loader workers share is removed when the wrapper is collected,
     and by the process that made it when it exits with the wrapper still alive."""
     code = (
-        'import gc, glob, os, sys\n'
+        'import gc, os\n'
         'from inline_mm.engine.fault_tolerance import SkipBadSamples\n'
         'a = SkipBadSamples(list(range(10)))\n'
         'b = SkipBadSamples(list(range(10)))\n'
