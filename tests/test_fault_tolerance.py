@@ -116,6 +116,21 @@ def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypa
     assert os.listdir(tmp_path) == ['iter_1.pth']  # no temp file left behind
 
 
+@pytest.mark.parametrize('umask', [0o022, 0o002, 0o077])
+def test_atomic_write_gives_the_mode_of_the_umask(tmp_path, umask):
+    """Checkpoints are readable as mmengine's own (open(): 0666 less the umask), not 0600."""
+    previous = os.umask(umask)
+    try:
+        atomic_write(b'data', str(tmp_path / 'iter_1.pth'))
+        with open(tmp_path / 'plain', 'wb'):
+            pass
+    finally:
+        os.umask(previous)
+    mode = os.stat(tmp_path / 'iter_1.pth').st_mode & 0o777
+    assert mode == 0o666 & ~umask
+    assert mode == os.stat(tmp_path / 'plain').st_mode & 0o777
+
+
 def test_newest_readable_checkpoint_skips_torn_files(tmp_path):
     good, torn = str(tmp_path / 'iter_2.pth'), str(tmp_path / 'iter_4.pth')
     torch.save({'state_dict': {'w': torch.ones(1000)}}, good)

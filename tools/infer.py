@@ -24,7 +24,8 @@ def parse_args(argv=None):
     parser.add_argument('--config', required=True, help='config file')
     parser.add_argument('--checkpoint', required=True, help='checkpoint file')
     parser.add_argument('--out-dir', required=True, help='where the drawn images go')
-    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--device', default=None,
+                        help='device to run on (default: cuda when a GPU is available, else cpu)')
     parser.add_argument('--amp', action='store_true',
                         help='mixed precision: fp16 on a GPU, bf16 on the CPU (detectors: '
                         'backbone and neck, the heads and mmcv ops stay fp32)')
@@ -32,7 +33,11 @@ def parse_args(argv=None):
                         help='detection: draw instances above this score')
     parser.add_argument('--opacity', type=float, default=0.5,
                         help='segmentation: opacity of the label colours')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.device is None:
+        import torch
+        args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    return args
 
 
 def main(argv=None) -> None:

@@ -6,6 +6,11 @@ custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
                       allow_failed_imports=False)
 # atomic checkpoints, resume from the newest readable one (docs/reliability.md)
 default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
+# a mid-epoch (preemption) checkpoint resumes after its last batch, not at the epoch's start
+train_cfg = dict(type='ResumableEpochBasedTrainLoop')
+# missing / broken images and degenerate annotations are skipped and logged, up to 1 %
+train_dataloader = dict(dataset=dict(type='SkipBadSamples', dataset_type='CocoDataset',
+                                     max_bad_fraction=0.01))
 
 checkpoint = 'checkpoints/inline_swin_t.pth'
 model = dict(

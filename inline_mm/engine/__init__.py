@@ -12,13 +12,14 @@ from .autocast import AutocastHandle, autocast_parts
 from .dist import AnyDeviceDistributedDataParallel
 from .fault_tolerance import (PREEMPTED_EXIT_CODE, AtomicLocalBackend, BadSampleLimitError,
                               CheckpointWriteError, SkipBadSamples)
-from .hooks import (AtomicCheckpointHook, MeanLossLoggerHook, NonFiniteLossError,
-                    NonFiniteLossHook, PreemptionHook, RNGStateHook)
+from .hooks import AtomicCheckpointHook, MeanLossLoggerHook, PreemptionHook, RNGStateHook
+from .loops import ResumableEpochBasedTrainLoop
+from .nonfinite import NonFiniteLossError, NonFiniteLossHook
 from .optim_wrappers import CPUAutocastOptimWrapper
 
 __all__ = ['configure_amp', 'cpu_has_fast_bf16', 'enable_inference_autocast', 'AutocastHandle',
            'autocast_parts', 'AnyDeviceDistributedDataParallel', 'MeanLossLoggerHook',
            'RNGStateHook',
            'CPUAutocastOptimWrapper', 'AtomicCheckpointHook', 'PreemptionHook',
-           'NonFiniteLossHook', 'NonFiniteLossError', 'SkipBadSamples', 'AtomicLocalBackend',
+           'NonFiniteLossHook', 'NonFiniteLossError', 'ResumableEpochBasedTrainLoop', 'SkipBadSamples', 'AtomicLocalBackend',
            'BadSampleLimitError', 'CheckpointWriteError', 'PREEMPTED_EXIT_CODE']

@@ -25,7 +25,7 @@ write takes this long),
 ``write_error=ERRNO_NAME:N`` (the N-th checkpoint write of the process, and every
 later one, fails with that errno, e.g. ``ENOSPC:2``), ``nan_loss=I,J`` (the loss
 of these 0-based iterations becomes NaN, see
-:class:`~inline_mm.engine.hooks.NonFiniteLossHook`).
+:class:`~inline_mm.engine.nonfinite.NonFiniteLossHook`).
 """
 import errno
 import fcntl
@@ -102,6 +102,20 @@ def _injected_write_fault(path: str) -> Tuple[float, Optional[int]]:
     return (float(slow) if _writes >= int(nth or 1) else 0.0), fail
 
 
+def _umask() -> int:
+    """The process's umask: from /proc (Linux), else by setting and restoring it."""
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('Umask:'):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no getter elsewhere; a brief window for other threads
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(data: Union[bytes, str], path: str) -> None:
     """Write ``data`` to ``path`` so that ``path`` is either the old file or the whole new one.
 
@@ -120,6 +134,9 @@ def atomic_write(data: Union[bytes, str], path: str) -> None:
     slow, fail = _injected_write_fault(path)
     fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
     try:
+        # mkstemp makes the file 0600; give it the mode open() would (0666 less the umask),
+        # so teammates on shared storage read checkpoints as they read mmengine's own
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, 'wb') as f:
             chunks = 20 if slow else 1
             size = math.ceil(len(data) / chunks) or 1

@@ -15,9 +15,12 @@
 * :class:`PreemptionHook`: SIGTERM / SIGUSR1 stop every process after the
   current iteration, with a checkpoint, and exit status
   :data:`~inline_mm.engine.fault_tolerance.PREEMPTED_EXIT_CODE` (75).
-* :class:`NonFiniteLossHook`: a NaN / Inf loss or gradient skips the optimizer
-  step; several in a row stop the run.
+
+:class:`~inline_mm.engine.nonfinite.NonFiniteLossHook` (a NaN / Inf loss or
+gradient skips the optimizer step) lives in its own module; it carries the
+preemption flag of :class:`PreemptionHook` in its one per-step host sync.
 """
+import os
 import os.path as osp
 import random
 from typing import Any, Callable, Dict, List, Optional
@@ -27,12 +30,16 @@ import torch
 from mmengine.dist import all_gather_object, all_reduce, broadcast_object_list, \
     get_rank, get_world_size, is_main_process
 from mmengine.hooks import CheckpointHook, Hook
-from mmengine.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from mmengine.registry import HOOKS
 
 from .fault_tolerance import (ATOMIC_BACKEND, PREEMPTED_EXIT_CODE, CheckpointWriteError,
-                              PreemptionFlag, atomic_write, fault_injection,
-                              newest_readable_checkpoint, remove_stale_temp_files)
+                              PreemptionFlag, atomic_write, newest_readable_checkpoint,
+                              remove_stale_temp_files)
+from .loops import ResumableEpochBasedTrainLoop
+
+
+#: file name start of the mid-epoch checkpoints written on preemption
+PREEMPT_PREFIX = 'preempt_iter_'
 
 
 def _agree(flag: bool) -> bool:
@@ -62,10 +69,15 @@ class MeanLossLoggerHook(Hook):
         keys = sorted(k for k in outputs if 'loss' in k)
         if not keys:
             return
-        values = torch.tensor([float(outputs[k]) for k in keys], dtype=torch.float64)
+        # stacked and reduced on the device of the losses: no host read here (mmengine's
+        # RuntimeInfoHook reads the values it logs anyway)
+        device = next((outputs[k].device for k in keys if isinstance(outputs[k], torch.Tensor)),
+                      torch.device('cpu'))
+        values = torch.stack([torch.as_tensor(outputs[k], device=device).detach().to(
+            torch.float64).reshape(()) for k in keys])
         all_reduce(values, op='mean')
-        for key, value in zip(keys, values.tolist()):
-            outputs[key] = value
+        for i, key in enumerate(keys):
+            outputs[key] = values[i]
 
 
 def _capture_rng() -> Dict[str, Any]:
@@ -177,7 +189,9 @@ class RNGStateHook(Hook):
         if hasattr(loop, 'dataloader_iterator'):  # IterBasedTrainLoop
             loop.dataloader_iterator = _RestoreBeforeFetch(
                 loop.dataloader_iterator, loop.iter, lambda: _restore_rng(state))
-        else:  # an epoch-based loop restarts its epoch: restore now
+        elif isinstance(loop, ResumableEpochBasedTrainLoop):  # after its replay
+            loop.before_first_new_batch = lambda: _restore_rng(state)
+        else:  # mmengine's epoch-based loop restarts its epoch: restore now
             _restore_rng(state)
 
 
@@ -239,7 +253,7 @@ class AtomicCheckpointHook(CheckpointHook):
         process (ranks > 0 take part in gathering the random states).
         """
         if self.by_epoch:  # mid-epoch: say the epoch is not finished
-            name = f'preempt_iter_{runner.iter + 1}.pth'
+            name = f'{PREEMPT_PREFIX}{runner.iter + 1}.pth'
             path = self.file_backend.join_path(self.out_dir, name)
             if runner.message_hub.get_info('last_ckpt') != path:
                 self._write(runner, name, dict(epoch=runner.epoch, iter=runner.iter + 1),
@@ -295,6 +309,8 @@ class AtomicCheckpointHook(CheckpointHook):
                 f'{osp.join(runner.work_dir, "last_checkpoint")} are intact; free space or '
                 f'make the work dir writable, then resume with --resume') from error
         if is_main_process():
+            if not filename.startswith(PREEMPT_PREFIX):  # a later checkpoint replaces them
+                remove = remove + self._preempt_checkpoints()
             for old in remove:
                 if old == path:
                     continue
@@ -302,6 +318,14 @@ class AtomicCheckpointHook(CheckpointHook):
                     self.file_backend.remove(old)
                 elif self.file_backend.isdir(old):  # deepspeed checkpoints are folders
                     self.file_backend.rmtree(old)
+
+    def _preempt_checkpoints(self) -> List[str]:
+        """The mid-epoch checkpoints of preemptions in the output folder."""
+        folder = str(self.out_dir)
+        if '://' in folder or not osp.isdir(folder):
+            return []
+        return [osp.join(folder, name) for name in sorted(os.listdir(folder))
+                if name.startswith(PREEMPT_PREFIX) and name.endswith('.pth')]
 
     @staticmethod
     def _previous_checkpoints(runner, failed: str) -> List[str]:
@@ -345,6 +369,16 @@ class PreemptionHook(Hook):
     def __init__(self, signals=('SIGTERM', 'SIGUSR1'), check_interval: int = 1) -> None:
         self.flag = PreemptionFlag(signals)
         self.check_interval = check_interval
+        self._agreed: tuple = (None, False)  # (iteration, verdict) from NonFiniteLossHook
+
+    def agreed_at(self, iteration: int, stop: bool) -> None:
+        """Take the verdict of the processes' agreement made during ``iteration``'s step.
+
+        :class:`~inline_mm.engine.nonfinite.NonFiniteLossHook` all-reduces this
+        hook's flag with its own in the step's one host sync; this iteration then
+        needs no agreement of its own.
+        """
+        self._agreed = (iteration, stop)
 
     def before_run(self, runner) -> None:
         if not self.flag.install():
@@ -352,9 +386,13 @@ class PreemptionHook(Hook):
                                   'handled')
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        if (runner.iter + 1) % self.check_interval and self.flag.received is None:
+        agreed_iter, agreed = self._agreed
+        if agreed_iter == runner.iter:  # agreed on during this iteration's optimizer step
+            if not agreed:
+                return
+        elif (runner.iter + 1) % self.check_interval and self.flag.received is None:
             return
-        if not _agree(self.flag.received is not None):
+        elif not _agree(self.flag.received is not None):
             return
         hook = _checkpoint_hook(runner)
         if isinstance(hook, AtomicCheckpointHook):
@@ -374,118 +412,3 @@ class PreemptionHook(Hook):
 
     def after_run(self, runner) -> None:
         self.flag.uninstall()
-
-
-class NonFiniteLossError(RuntimeError):
-    """Too many consecutive iterations with a non-finite loss or gradient."""
-
-
-@HOOKS.register_module()
-class NonFiniteLossHook(Hook):
-    """Skip the optimizer step of an iteration whose loss or gradients are not finite.
-
-    Wraps ``update_params`` / ``step`` of the run's optim wrapper(s) on the
-    instance (whatever their class, e.g. ``CPUAutocastOptimWrapper``): when the
-    loss or any gradient is NaN / Inf, the step is skipped (the weights and
-    the optimizer state stay as they were), the gradients are cleared, and
-    the iteration is logged.  ``max_consecutive`` such iterations in a row
-    stop the run with :class:`NonFiniteLossError`, before any checkpoint of
-    the bad weights could be written.  Gradients are all-reduced before the
-    check, so every process takes the same decision.
-
-    With mmengine's ``AmpOptimWrapper`` the ``GradScaler`` already skips steps
-    with inf / NaN gradients (and lowers the loss scale); the hook then only
-    counts those skips and applies ``max_consecutive``.
-
-    Args:
-        max_consecutive: stop after this many non-finite iterations in a row.
-            Defaults to 5.
-    """
-
-    priority = 'VERY_HIGH'
-
-    def __init__(self, max_consecutive: int = 5) -> None:
-        self.max_consecutive = max_consecutive
-        self.consecutive = 0
-        self.total = 0
-        self._first_bad: Optional[int] = None
-        self._runner = None
-
-    def before_train(self, runner) -> None:
-        self._runner = runner
-        wrappers = runner.optim_wrapper.optim_wrappers.values() \
-            if isinstance(runner.optim_wrapper, OptimWrapperDict) else [runner.optim_wrapper]
-        for wrapper in wrappers:
-            if isinstance(wrapper, OptimWrapper) and not getattr(wrapper, '_inline_mm_guarded',
-                                                                 False):
-                self._guard(wrapper)
-
-    def _guard(self, wrapper: OptimWrapper) -> None:
-        update_params, step = wrapper.update_params, wrapper.step
-        amp = isinstance(wrapper, AmpOptimWrapper)
-        state = dict(bad=False)
-
-        def guarded_update_params(loss: torch.Tensor, step_kwargs=None, zero_kwargs=None):
-            loss = self._inject(loss)
-            state['bad'] = state['bad'] or not bool(torch.isfinite(loss.detach()).all())
-            if amp:  # GradScaler skips inf steps itself; only count them
-                scale = wrapper.loss_scaler.get_scale()
-                update_params(loss, step_kwargs, zero_kwargs)
-                if wrapper.should_update():
-                    self._count(wrapper.loss_scaler.get_scale() < scale)
-                    state['bad'] = False
-                return None
-            return update_params(loss, step_kwargs, zero_kwargs)
-
-        def guarded_step(**kwargs):
-            bad = state['bad'] or not _grads_finite(wrapper)
-            state['bad'] = False
-            if self._count(bad):
-                return None  # skipped; update_params clears the gradients next
-            return step(**kwargs)
-
-        wrapper.update_params = guarded_update_params
-        if not amp:
-            wrapper.step = guarded_step
-        wrapper._inline_mm_guarded = True
-
-    def _inject(self, loss: torch.Tensor) -> torch.Tensor:
-        """Test-only: a NaN loss at the iterations named in the fault injection settings."""
-        spec = fault_injection().get('nan_loss')
-        if spec and self._runner is not None and \
-                self._runner.iter in {int(i) for i in spec.split(',')}:
-            return loss * float('nan')
-        return loss
-
-    def _count(self, bad: bool) -> bool:
-        runner = self._runner
-        it = runner.iter + 1 if runner is not None else -1
-        if not bad:
-            self.consecutive, self._first_bad = 0, None
-            return False
-        self.consecutive += 1
-        self.total += 1
-        self._first_bad = self._first_bad or it
-        if runner is not None:
-            runner.logger.warning(
-                f'non-finite loss or gradient at iteration {it}: optimizer step skipped '
-                f'({self.consecutive} in a row, {self.total} in all)')
-            runner.message_hub.update_info('nonfinite_steps_skipped', self.total)
-        if self.consecutive >= self.max_consecutive:
-            last = runner.message_hub.get_info('last_ckpt') if runner is not None else None
-            raise NonFiniteLossError(
-                f'the loss or the gradients were not finite in {self.consecutive} iterations '
-                f'in a row ({self._first_bad}-{it}; max_consecutive={self.max_consecutive}): '
-                f'training stopped. The weights are those before iteration {self._first_bad} '
-                f'and the last checkpoint ({last or "none written"}) is untouched. Lower the '
-                f'learning rate, add gradient clipping or check the data, then resume.')
-        return True
-
-
-def _grads_finite(wrapper: OptimWrapper) -> bool:
-    grads = [p.grad for group in wrapper.optimizer.param_groups for p in group['params']
-             if p.grad is not None]
-    if not grads:
-        return True
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
-    return bool(torch.isfinite(norm))

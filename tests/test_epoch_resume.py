@@ -1,0 +1,81 @@
+"""The README's own-data config (an epoch-based full recipe) preempted in the middle of
+an epoch: SIGTERM, exit 75, ``--resume``, and the same weights as an uninterrupted run."""
+import glob
+import os
+import re
+
+import pytest
+import torch
+from test_custom_data import readme_config, run, shapes_coco  # noqa: F401  (fixture)
+
+from conftest import REPO_ROOT
+from inline_mm.engine.fault_tolerance import PREEMPTED_EXIT_CODE
+
+pytestmark = pytest.mark.slow
+
+PLUGINS = os.path.join(REPO_ROOT, 'tests', 'plugins')
+BASE = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
+
+
+def write_config(path, root, signal_at=None):
+    """The README's block, with its base named by full path; optionally a test-only hook
+    that sends SIGTERM before the 0-based iteration ``signal_at``."""
+    text = readme_config('custom-coco-config').replace(
+        "'./mask-rcnn_inline-pvt-t_fpn_1x_coco.py'", repr(BASE)).replace(
+        "'data/my_set/'", repr(root + '/'))
+    if signal_at is not None:
+        text += ("\ncustom_imports = dict(imports=['inline_mm', 'inline_mm.engine', "
+                 "'preempt_at'], allow_failed_imports=False)\n"
+                 "custom_hooks = [dict(type='MeanLossLoggerHook'), dict(type='RNGStateHook'), "
+                 "dict(type='PreemptionHook'), dict(type='NonFiniteLossHook'), "
+                 f"dict(type='SignalAtIterationHook', iteration={signal_at})]\n")
+    path.write_text(text)
+    return str(path)
+
+
+#: small for the CPU: no ImageNet weights, one block a stage, 128 px, 2 epochs of 2
+#: batches of 2 (4 images), flip on, loader in the main process
+OPTIONS = ['--cfg-options', 'model.backbone.init_cfg=None', 'model.backbone.depths=[1,1,1,1]',
+           'train_dataloader.dataset.pipeline.2.scale=(128,128)',
+           'train_dataloader.batch_size=2', 'train_dataloader.num_workers=0',
+           'train_dataloader.persistent_workers=False',
+           'train_cfg.max_epochs=2', 'train_cfg.val_interval=10',
+           'default_hooks.logger.interval=1', 'randomness.seed=0',
+           'randomness.deterministic=True']
+
+
+def state_dict(path):
+    return torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+
+
+def test_mid_epoch_sigterm_resumes_exactly(shapes_coco, tmp_path):  # noqa: F811
+    straight = tmp_path / 'straight'
+    out = run([write_config(tmp_path / 'straight.py', shapes_coco), '--work-dir',
+               str(straight), *OPTIONS])
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    work = tmp_path / 'preempted'
+    # iterations 0-1 are epoch 1, 2-3 epoch 2: the signal before iteration 2 stops the
+    # run after it, with one batch of epoch 2 trained
+    config = write_config(tmp_path / 'preempted.py', shapes_coco, signal_at=2)
+    env = dict(PYTHONPATH=PLUGINS + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    out = run([config, '--work-dir', str(work), *OPTIONS], **env)
+    assert out.returncode == PREEMPTED_EXIT_CODE, out.stderr[-3000:]
+    assert sorted(os.path.basename(p) for p in glob.glob(str(work / '*.pth'))) == \
+        ['epoch_1.pth', 'preempt_iter_3.pth']
+
+    # the relaunch (the same command with --resume, as after a Slurm requeue)
+    out = run([write_config(tmp_path / 'preempted.py', shapes_coco), '--work-dir', str(work),
+               '--resume', *OPTIONS])
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    trained = re.findall(r'Epoch\(train\) +\[(\d+)\]\[ *(\d+)/(\d+)\]', log)
+    assert trained == [('2', '2', '2')], log[-3000:]  # only the batch after the stop
+    assert 'day' not in ''.join(re.findall(r'eta: [^ ]+ [^ ]*', log))  # no negative ETA
+    # the later checkpoint replaces the preemption's
+    assert sorted(os.path.basename(p) for p in glob.glob(str(work / '*.pth'))) == \
+        ['epoch_1.pth', 'epoch_2.pth']
+    expected, got = state_dict(straight / 'epoch_2.pth'), state_dict(work / 'epoch_2.pth')
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
