@@ -67,7 +67,7 @@ def allow_mmengine_checkpoints() -> None:
     ``weights_only=True``; older torch loads them as it is (mmengine passes no
     ``weights_only``).
     """
-    if _TORCH_NAMED_SAFE_GLOBALS:
+    if _TORCH_NAMED_SAFE_GLOBALS:  # api-floor: guarded
         torch.serialization.add_safe_globals(_mmengine_checkpoint_types())
 
 
@@ -199,7 +199,7 @@ def _load_restricted(path: str) -> Any:
     under another name, so the same allow-list is enforced by
     :class:`_RestrictedUnpickler` (torch's own list plus the stand-ins).
     """
-    if _TORCH_NAMED_SAFE_GLOBALS:
+    if _TORCH_NAMED_SAFE_GLOBALS:  # api-floor: guarded
         allowed = [(cls, name) for name, cls in AUTHOR_CHECKPOINT_GLOBALS.items()]
         with torch.serialization.safe_globals(allowed):
             return torch.load(path, map_location='cpu', weights_only=True)

@@ -1,7 +1,8 @@
 """Export a backbone, a segmentor or a detector's features to ONNX and check it.
 
 The export traces the model with torch's TorchScript-based ONNX exporter
-(``torch.onnx.export(..., dynamo=False)``) with dynamic height and width.
+(``torch.onnx.export(..., dynamo=False)`` where torch also has the dynamo-based
+one) with dynamic height and width.
 Under tracing the InLine layers compute padding, window clipping, masks,
 relative position indices and position-table resizing from size tensors in
 the graph (:mod:`inline_mm.models.layers.symbolic`), so one file serves every
@@ -11,6 +12,7 @@ Parity is the largest absolute difference between onnxruntime's and
 PyTorch's outputs divided by the largest absolute PyTorch output value, taken
 over all outputs.
 """
+import inspect
 import os
 import os.path as osp
 import time
@@ -34,6 +36,11 @@ OPSET = 17
 
 #: The parity bound the tools and tests check: max |ort - torch| / max |torch|.
 TOLERANCE = 1e-4
+
+#: newer torch has a second, dynamo-based exporter (the default from 2.9): ask for the
+#: TorchScript one; older torch (2.1 included) has only that one and no ``dynamo`` argument
+_TORCHSCRIPT_EXPORTER = ({'dynamo': False}
+                         if 'dynamo' in inspect.signature(torch.onnx.export).parameters else {})
 
 INSTALL_HINT = 'run `make install` (it installs the deploy extra) or `pip install -e ".[deploy]"`'
 
@@ -241,9 +248,9 @@ def export_onnx(module: nn.Module, shape: Tuple[int, int], path: str, dynamic: b
         # sizes that matter are tensors under tracing, and the parity check at
         # other sizes is what proves the graph dynamic.
         warnings.simplefilter('ignore')
-        torch.onnx.export(module, (x,), path, dynamo=False, input_names=['input'],
+        torch.onnx.export(module, (x,), path, input_names=['input'],
                           output_names=outputs, dynamic_axes=dynamic_axes,
-                          opset_version=opset)
+                          opset_version=opset, **_TORCHSCRIPT_EXPORTER)
     return outputs
 
 
