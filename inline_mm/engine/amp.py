@@ -17,6 +17,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 from mmengine.config import Config
+from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 
 from .autocast import AutocastHandle, autocast_parts
@@ -90,6 +91,8 @@ def configure_amp(cfg: Config, task: str, device: Optional[str] = None) -> None:
                 wrapper.pop('dtype', None)
             wrapper.type = 'AmpOptimWrapper'
             wrapper.setdefault('loss_scale', 'dynamic')
+        print_log(f'--amp: fp16 mixed precision on {device} (AmpOptimWrapper, loss scale '
+                  f"{wrapper.get('loss_scale', 'dynamic')})", logger='current')
         return
     wrapper.type = 'CPUAutocastOptimWrapper'
     wrapper.pop('loss_scale', None)  # bf16 has fp32's exponent range
@@ -101,6 +104,10 @@ def configure_amp(cfg: Config, task: str, device: Optional[str] = None) -> None:
             wrapper.parts = list(DETECTOR_PARTS)
     else:
         wrapper.setdefault('parts', None)
+    what = ' and '.join(wrapper.parts) if wrapper.get('parts') else 'the whole training forward'
+    print_log(f'--amp: {wrapper.dtype} autocast on the CPU for {what} '
+              f'(CPUAutocastOptimWrapper; weights, gradients and optimizer state stay fp32)',
+              logger='current')
     _warn_if_slow_bf16(wrapper.dtype)
 
 
@@ -129,6 +136,10 @@ def enable_inference_autocast(model: nn.Module, task: str,
     on_gpu = param is not None and param.device.type == 'cuda'
     if dtype is None:
         dtype = torch.float16 if on_gpu else torch.bfloat16
+    parts = amp_parts(task)
+    print_log(f"--amp: {str(dtype).replace('torch.', '')} autocast at inference on "
+              f"{'the GPU' if on_gpu else 'the CPU'} for "
+              f"{' and '.join(parts) if parts else 'the whole model'}", logger='current')
     if not on_gpu:
         _warn_if_slow_bf16(dtype)
-    return autocast_parts(module, amp_parts(task), dtype)
+    return autocast_parts(module, parts, dtype)
