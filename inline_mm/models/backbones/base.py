@@ -4,6 +4,7 @@ and checkpoint loading."""
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 import torch.nn as nn
 import torch.utils.checkpoint as cp
 from mmengine.logging import MMLogger
@@ -184,8 +185,17 @@ class InLineBackbone(BaseModule):
         return self
 
     def run_block(self, block: nn.Module, x: Tensor, hw: Tuple[int, int]) -> Tensor:
-        """Run one block, with gradient checkpointing when ``with_cp`` applies."""
-        if self.with_cp and x.requires_grad:
+        """Run one block, with gradient checkpointing when ``with_cp`` applies.
+
+        Every block that backward will reach is checkpointed: one whose input
+        requires grad, and also the first trainable block after frozen stages
+        (its input does not).  Checkpointing is non-reentrant: the reentrant
+        variant hides the block's parameters from the graph that DDP walks with
+        ``find_unused_parameters=True``, and DDP then fails in backward with
+        "Expected to mark a variable ready only once".
+        """
+        if self.with_cp and torch.is_grad_enabled() and (
+                x.requires_grad or any(p.requires_grad for p in block.parameters())):
             return cp.checkpoint(block, x, hw, use_reentrant=False)
         return block(x, hw)
 
