@@ -11,13 +11,16 @@ Latency is the median (with the 25-75 % spread) of ``--repeats`` forward passes
 after ``--warmup`` passes, models interleaved round by round so that machine
 noise hits all of them alike.  Peak memory is, on the CPU, the increase of the
 process's peak RSS during one forward over the loaded model, measured in a fresh
-subprocess per model and size; on a GPU, ``torch.cuda.max_memory_allocated``.
+subprocess per model and size; on a GPU (``--device cuda``, the default when one
+is visible), the increase of ``torch.cuda.max_memory_allocated`` during one
+forward of the timed model, in the same process.  On a GPU every timed pass is
+bracketed by ``torch.cuda.synchronize`` and ``--threads`` is not applied.
 Writes JSON and a log-log PNG (latency against pixels, one line per model) and
 prints a table with the InLine / softmax ratio per size, the bf16 / fp32 ratio
 when both run, and the log-log slope of latency against pixel count for every
 model.
 
-``--dtypes fp32 bf16`` runs every model in both: ``bf16`` is
+``--dtypes fp32 fp16 bf16`` runs every model in each: ``fp16`` / ``bf16`` are
 ``torch.autocast`` of the whole forward for backbones, and of the backbone and
 the neck for detector configs (mmcv's CPU RoIAlign / NMS take fp32 only).
 Each row also gives the achieved GFLOP/s: the model's FLOPs at that size
@@ -172,8 +175,19 @@ def precision(model: nn.Module, dtype: str, device: str) -> Iterator[None]:
 
 
 def sync(device: str) -> None:
+    """Wait for the device's queued kernels (CUDA runs asynchronously; a timer must not)."""
     if device == 'cuda':
         torch.cuda.synchronize()
+
+
+def cuda_missing(fix: str = 'pass --device cpu') -> Optional[str]:
+    """Why no CUDA device can be used here (one line ending with ``fix``), or None."""
+    if torch.cuda.is_available():
+        return None
+    build = 'a CPU-only build' if torch.version.cuda is None else \
+        f'built for CUDA {torch.version.cuda}, but no GPU or driver is visible'
+    return (f'no CUDA device: torch {torch.__version__} is {build} '
+            f'(torch.cuda.is_available() is False); {fix}')
 
 
 def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup, repeats,
@@ -212,15 +226,25 @@ def reset_peak_rss() -> None:
         f.write('5')
 
 
-def peak_memory_mb(spec: str, size, batch, dtype, device, threads) -> float:
-    """Peak memory of one forward, measured in a fresh process."""
+def peak_memory_mb(spec: str, size, batch, dtype, device, threads,
+                   model: Optional[nn.Module] = None) -> float:
+    """Peak memory of one forward over the loaded model, in MiB.
+
+    On the CPU: the peak RSS of a fresh process (``threads`` threads).  On a
+    GPU: ``torch.cuda.max_memory_allocated`` during one forward of ``model``
+    (the one already timed, built from ``spec`` when None), minus what was
+    allocated before it (the weights of every loaded model, the input).
+    """
     if device == 'cuda':
-        model = load(spec).to(device)
-        model.eval()
+        if model is None:
+            model = load(spec).to(device).eval()
+        x = torch.randn(batch, 3, *size, device=device)
+        sync(device)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         with torch.inference_mode(), precision(model, dtype, device):
-            model(torch.randn(batch, 3, *size, device=device))
+            model(x)
+        sync(device)
         return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
     code = (f'import sys; sys.argv=[""]; sys.path.insert(0, {osp.dirname(__file__)!r}); '
             f'import benchmark as b; '
@@ -404,7 +428,8 @@ def plot(results: dict, path: str) -> None:
     ax.set_yscale('log')
     ax.set_xlabel('pixels per image (H x W)')
     ax.set_ylabel('latency per batch (ms)')
-    ax.set_title(f"forward latency, {results['device_name']}, {results['threads']} threads")
+    threads = f", {results['threads']} threads" if results.get('threads') else ''
+    ax.set_title(f"forward latency, {results['device_name']}{threads}")
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -427,8 +452,10 @@ def main(argv=None) -> dict:
                         help='input sizes: S (square) or WxH')
     parser.add_argument('--batch-sizes', type=int, nargs='+', default=[1])
     parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'bf16', 'fp16'])
-    parser.add_argument('--threads', type=int, default=2)
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--threads', type=int, default=2,
+                        help='intra-op threads of the CPU runs (not set on a GPU)')
+    parser.add_argument('--device', choices=['cpu', 'cuda'],
+                        default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--no-memory', action='store_true', help='skip peak-memory runs')
@@ -448,7 +475,14 @@ def main(argv=None) -> dict:
                         help="the authors' models/ folder: enables the model 'authors_pvt_t'")
     args = parser.parse_args(argv)
 
-    torch.set_num_threads(args.threads)
+    if args.device == 'cuda':
+        missing = cuda_missing()
+        if missing:
+            print(f'error: {missing}', file=sys.stderr)
+            sys.exit(2)
+    else:  # thread settings are the CPU's: on a GPU they would only slow the host side
+        torch.set_num_threads(args.threads)
+    threads = args.threads if args.device == 'cpu' else None
     if args.onnxruntime:
         from inline_mm.deploy.onnx_export import require_onnx
         if args.device != 'cpu':
@@ -506,7 +540,7 @@ def main(argv=None) -> dict:
                     if not args.no_memory and (memory_sizes is None or size in memory_sizes):
                         progress(f'  peak memory of {spec} at {size[1]}x{size[0]}')
                         row['peak_mem_mb'] = peak_memory_mb(spec, size, batch, dtype, device,
-                                                            args.threads)
+                                                            args.threads, models[spec])
                     rows.append(dict(row, runtime='torch'))
                 if args.onnxruntime and dtype == 'fp32':
                     ort = time_onnxruntime_rows(models, size, batch, args.warmup, args.repeats,
@@ -532,8 +566,9 @@ def main(argv=None) -> dict:
                             row['gflop_per_s'] = row['gflop'] / med
                             row['peak_fraction'] = row['gflop_per_s'] / peaks[dtype]
                         rows.append(row)
-    results = dict(device=device, device_name=device_name, threads=args.threads,
-                   torch=torch.__version__, warmup=args.warmup, repeats=args.repeats,
+    results = dict(device=device, device_name=device_name, threads=threads,
+                   torch=torch.__version__, cuda=torch.version.cuda if device == 'cuda' else None,
+                   warmup=args.warmup, repeats=args.repeats,
                    command=' '.join([osp.relpath(__file__)] + (argv or sys.argv[1:])),
                    flop_convention='gflop counts one multiply-add as 2 FLOPs',
                    matmul_peak_gflop_per_s=peaks, matmul_peak_size=peak_sizes,
@@ -596,7 +631,8 @@ def main(argv=None) -> dict:
         return f'{value * scale:{width}.1f}' if value is not None else f'{"-":>{width}s}'
 
     if peaks:
-        print(f'matmul peak ({args.threads} threads): ' + ', '.join(
+        where = f'{threads} threads' if threads else device_name
+        print(f'matmul peak ({where}): ' + ', '.join(
             f'{d} {v:.1f} GFLOP/s ({peak_sizes[d]}^3)' for d, v in peaks.items()))
     print(f"{'model':18s} {'size':>10s} {'b':>2s} {'dtype':>5s} {'runtime':>11s} "
           f"{'median ms':>10s} {'p25-p75 ms':>15s} {'img/s':>8s} {'GFLOP':>7s} {'GFLOP/s':>8s} "

@@ -21,6 +21,20 @@ what ``tools/train.py --amp`` does without a GPU
 (``CPUAutocastOptimWrapper`` with ``parts=('backbone', 'neck')``: backbone
 and neck under bf16 autocast, heads, losses and mmcv's ops in fp32).
 
+``--device cuda`` runs on a GPU (every timed iteration bracketed by
+``torch.cuda.synchronize``; ``--threads`` not applied) and adds ``fp16``:
+
+- ``fp16`` is what ``tools/train.py --amp`` does on a GPU: mmengine's
+  ``AmpOptimWrapper`` (the whole training forward under fp16 autocast,
+  dynamic loss scale);
+- ``bf16`` autocasts the backbone and the neck only, as on the CPU: mmcv
+  2.1's CUDA RoIAlign has fp32 / fp16 kernels only and its NMS takes fp32.
+
+On a GPU each row also gives the peak memory of one iteration: the increase
+of ``torch.cuda.max_memory_allocated`` over what was allocated before it (the
+weights and optimiser states of every run), in one more iteration after the
+timed ones.
+
 Prints the median time per iteration (with the 25-75 % spread), the InLine /
 softmax ratio per dtype and the bf16 / fp32 ratio per backbone; ``--out``
 writes them as JSON.  ``--breakdown`` adds, per run, where one iteration's time
@@ -34,7 +48,8 @@ import os
 import os.path as osp
 import sys
 import time
-from typing import Dict, List, Tuple
+import warnings
+from typing import Dict, List, Optional, Tuple
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -45,7 +60,8 @@ from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.optim import build_optim_wrapper  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 
-from benchmark import MMDET_BACKBONES, parse_size, quartiles  # noqa: E402  (same folder)
+from benchmark import (MMDET_BACKBONES, cuda_missing, parse_size, quartiles,  # noqa: E402
+                       sync)  # (same folder)
 from inline_mm.engine.amp import configure_amp  # noqa: E402
 from inline_mm.engine.runner_utils import task_of  # noqa: E402
 
@@ -64,17 +80,49 @@ def parse_args(argv=None):
     parser.add_argument('--size', default='800x800', help='W x H (or S) of every image')
     parser.add_argument('--batch-size', type=int, default=2)
     parser.add_argument('--objects', type=int, default=8, help='ground-truth objects per image')
-    parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'bf16'],
-                        help='bf16: backbone and neck under CPU bf16 autocast (as --amp)')
+    parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'fp16', 'bf16'],
+                        help='bf16: backbone and neck under bf16 autocast (as --amp on the '
+                        'CPU); fp16 (--device cuda only): AmpOptimWrapper, as --amp on a GPU')
+    parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu')
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--threads', type=int, default=2)
+    parser.add_argument('--threads', type=int, default=2,
+                        help='intra-op threads of a CPU run (not set with --device cuda)')
     parser.add_argument('--breakdown', action='store_true',
                         help='after the timed rounds, one more iteration per run with the '
                         'forward time of each part of the detector and the slowest operators '
                         '(torch.profiler, self CPU time)')
     parser.add_argument('--out', help='write the figures as JSON')
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.device == 'cuda' and args.breakdown:
+        parser.error('--breakdown times the parts on the host clock: CPU runs only '
+                     '(drop --breakdown or use --device cpu)')
+    if args.device == 'cpu' and 'fp16' in args.dtypes:
+        parser.error("--dtypes fp16 is the GPU's --amp (AmpOptimWrapper): add --device cuda")
+    return args
+
+
+def mmcv_cuda_ops_missing() -> Optional[str]:
+    """Why mmcv's RoIAlign / NMS cannot run on the GPU here (one line), or None.
+
+    An mmcv built without CUDA kernels (``FORCE_CUDA=0``, as a CPU machine
+    builds it) imports fine and fails only inside the first RoI head.
+    """
+    try:
+        from mmcv.ops import nms, roi_align
+        feats = torch.rand(1, 2, 8, 8, device='cuda')
+        rois = torch.tensor([[0., 1., 1., 6., 6.]], device='cuda')
+        roi_align(feats, rois, (2, 2), 1.0, 0, 'avg', True)
+        boxes = torch.tensor([[0., 0., 4., 4.], [1., 1., 5., 5.]], device='cuda')
+        nms(boxes, torch.tensor([0.9, 0.8], device='cuda'), 0.5)
+        torch.cuda.synchronize()
+    except Exception as err:  # noqa: BLE001  (any failure means: no usable CUDA ops)
+        import mmcv
+        first = ' '.join(str(err).strip().splitlines()[0].split()) if str(err).strip() else ''
+        return (f'mmcv {mmcv.__version__} has no usable CUDA ops here ({type(err).__name__}: '
+                f'{first[:200]}); install an mmcv built with CUDA (MMCV_WITH_OPS=1 '
+                f'FORCE_CUDA=1, or an OpenMMLab wheel for this torch and CUDA)')
+    return None
 
 
 # the parts of a two-stage detector whose forward time --breakdown reports
@@ -188,25 +236,51 @@ def synthetic_batch(size, batch_size: int, objects: int, num_classes: int) -> di
     return dict(inputs=inputs, data_samples=samples)
 
 
-def build(cfg: Config):
+def build(cfg: Config, device: str = 'cpu'):
     from mmdet.registry import MODELS
     model = MODELS.build(cfg.model)
     model.init_weights()
+    model.to(device)  # mmengine's BaseModel moves its data preprocessor's target too
     model.train()
     return model
 
 
-def optim_wrapper_for(model, cfg: Config, dtype: str):
-    """The config's optimiser wrapper, or for ``bf16`` the one ``--amp`` sets up on the CPU."""
+def optim_wrapper_for(model, cfg: Config, dtype: str, device: str = 'cpu'):
+    """The optimiser wrapper of a run: the config's for ``fp32``; for ``bf16`` the one
+    ``--amp`` sets up on the CPU (backbone + neck under bf16 autocast, on either device);
+    for ``fp16`` (GPU) the one ``--amp`` sets up on a GPU (``AmpOptimWrapper``)."""
     cfg = copy.deepcopy(cfg)
     if dtype == 'bf16':
-        configure_amp(cfg, 'mmdet', device='cpu')
+        with warnings.catch_warnings():
+            if device != 'cpu':  # its "slow bf16 on this CPU" warning is about the CPU
+                warnings.simplefilter('ignore', RuntimeWarning)
+            configure_amp(cfg, 'mmdet', device='cpu')
+    elif dtype == 'fp16':
+        configure_amp(cfg, 'mmdet', device=device)
     return build_optim_wrapper(model, cfg.optim_wrapper)
+
+
+def peak_step_mb(model, data: dict, optim) -> float:
+    """One ``train_step`` on the GPU; the increase of the allocator's peak over its
+    allocation before the step, in MiB."""
+    sync('cuda')
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    model.train_step(data, optim)
+    sync('cuda')
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    device = args.device
+    if device == 'cuda':
+        missing = cuda_missing() or mmcv_cuda_ops_missing()
+        if missing:
+            print(f'error: {missing}', file=sys.stderr)
+            sys.exit(2)
+    else:
+        torch.set_num_threads(args.threads)
     cfg = Config.fromfile(args.config)
     if task_of(cfg) != 'mmdet':
         raise ValueError(f'{args.config} is not a detection config: this benchmark times '
@@ -231,24 +305,31 @@ def main(argv=None) -> dict:
     # one model per backbone; each dtype has its own optimiser wrapper (and state) on it
     runs = {}
     for name, model_cfg in backbones.items():
-        model = build(model_cfg)
+        model = build(model_cfg, device)
         for dtype in args.dtypes:
             key = name if dtype == 'fp32' else f'{name} ({dtype})'
-            runs[key] = (name, dtype, model, optim_wrapper_for(model, model_cfg, dtype))
+            runs[key] = (name, dtype, model, optim_wrapper_for(model, model_cfg, dtype, device))
     data = synthetic_batch((h, w), args.batch_size, args.objects,
                            cfg.model.roi_head.bbox_head.num_classes)
 
     times: Dict[str, List[float]] = {key: [] for key in runs}
+    peaks: Dict[str, float] = {}  # GPU only: the memory peak of one iteration of each run
     for key, (_, _, model, optim) in runs.items():
         for _ in range(args.warmup):
             model.train_step(data, optim)
     for r in range(args.repeats):  # interleaved: one iteration of every run per round
         for key, (_, _, model, optim) in runs.items():
+            sync(device)
             t0 = time.perf_counter()
             model.train_step(data, optim)
+            sync(device)
             times[key].append(time.perf_counter() - t0)
         print(f'round {r + 1}/{args.repeats}: ' + ', '.join(
             f'{n} {t[-1]:.2f} s' for n, t in times.items()), flush=True)
+
+    if device == 'cuda':  # one more iteration per run, untimed: its memory peak
+        for key, (_, _, model, optim) in runs.items():
+            peaks[key] = peak_step_mb(model, data, optim)
 
     breakdowns = {}
     if args.breakdown:
@@ -270,6 +351,8 @@ def main(argv=None) -> dict:
         name, dtype = runs[key][:2]
         rows[key] = dict(backbone=name, dtype=dtype, median_s=median, p25_s=p25, p75_s=p75,
                          times_s=ts)
+        if key in peaks:
+            rows[key]['peak_mem_mb'] = peaks[key]
         if key in breakdowns:
             rows[key]['breakdown'] = breakdowns[key]
 
@@ -286,14 +369,21 @@ def main(argv=None) -> dict:
             for name in backbones:
                 dtype_ratios[f'{name} {dtype}/fp32'] = row(name, dtype)['median_s'] / \
                     row(name, 'fp32')['median_s']
+    on_gpu = device == 'cuda'
     result = dict(config=args.config, size=[h, w], batch_size=args.batch_size,
-                  threads=args.threads, device='cpu', dtypes=args.dtypes,
+                  threads=None if on_gpu else args.threads, device=device,
+                  device_name=torch.cuda.get_device_name() if on_gpu else
+                  f'CPU ({os.cpu_count()} cores visible)',
+                  torch=torch.__version__, cuda=torch.version.cuda if on_gpu else None,
+                  warmup=args.warmup, repeats=args.repeats, dtypes=args.dtypes,
                   softmax_backbone=softmax_name, rows=rows,
                   ratio=ratios.get(args.dtypes[0]), ratios=ratios, dtype_ratios=dtype_ratios)
+    where = result['device_name'] if on_gpu else f'{args.threads} threads'
     print(f'\none training iteration, batch {args.batch_size} at {w}x{h}, '
-          f'{args.threads} threads (median, 25-75 %):')
+          f'{where} (median, 25-75 %):')
     for key, r in rows.items():
-        print(f"  {key:<30} {r['median_s']:.2f} s  ({r['p25_s']:.2f}-{r['p75_s']:.2f})")
+        mem = f", peak {r['peak_mem_mb']:.0f} MB" if 'peak_mem_mb' in r else ''
+        print(f"  {key:<30} {r['median_s']:.3f} s  ({r['p25_s']:.3f}-{r['p75_s']:.3f}){mem}")
     for dtype, value in ratios.items():
         print(f'  ratio InLine / softmax, {dtype}: {value:.2f}')
     for what, value in dtype_ratios.items():

@@ -1,0 +1,508 @@
+"""The GPU tier: ``pytest -m cuda`` (``make test-gpu`` runs it, then the GPU timing table).
+
+Every test marked ``cuda`` needs a CUDA device and is skipped without one
+(``torch.cuda.is_available()`` false); those that run Mask R-CNN also need
+mmcv's CUDA ops and are skipped, with the reason, when this mmcv was built
+without them.  The tests at the end run on the CPU: the GPU report's tables
+from given figures, and the tools' one-line refusal of ``--device cuda``
+without a GPU.
+"""
+import json
+import math
+import os
+import pickle
+import subprocess
+import sys
+from contextlib import contextmanager
+from typing import Iterator, List
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from conftest import REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, free_port, scalars, tool_env, \
+    toy_det_options
+from mmengine.config import Config
+
+from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
+
+sys.path.insert(0, os.path.join(REPO_ROOT, 'tools', 'analysis'))
+import benchmark  # noqa: E402
+import benchmark_train  # noqa: E402
+import gpu_report  # noqa: E402
+
+TEST_TOOL = os.path.join(REPO_ROOT, 'tools', 'test.py')
+DDP_WORKER = os.path.join(REPO_ROOT, 'tests', 'ddp_step_worker.py')
+NO_CUDA = not torch.cuda.is_available()
+DTYPES = {'fp16': torch.float16, 'bf16': torch.bfloat16}
+FAMILIES = [InLinePVT, InLineSwin, InLineCSWin, InLineDeiT]
+
+
+def on_gpu(test):
+    """Put ``test`` in the GPU tier: marked ``cuda``, skipped without a CUDA device."""
+    skip = pytest.mark.skipif(NO_CUDA, reason='needs a CUDA device (torch.cuda.is_available() '
+                              'is False): the GPU tier, make test-gpu')
+    return pytest.mark.cuda(skip(test))
+
+
+def need_dtype(dtype: str) -> None:
+    if dtype == 'bf16' and not torch.cuda.is_bf16_supported():
+        pytest.skip(f'{torch.cuda.get_device_name()} has no bf16 support')
+
+
+@pytest.fixture(scope='module')
+def mmcv_cuda_ops():
+    """Skip (with the reason) where mmcv's RoIAlign / NMS have no CUDA kernels."""
+    missing = benchmark_train.mmcv_cuda_ops_missing()
+    if missing:
+        pytest.skip(missing)
+
+
+def first_linear(model: nn.Module) -> nn.Linear:
+    return next(m for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def record_dtypes(module: nn.Module, store: list) -> None:
+    module.register_forward_hook(lambda m, args, out: store.append(out.dtype))
+
+
+def large_kv(model: nn.Module) -> None:
+    """K and V of mean ~8, as in trained models: fp16 sums of ``K^T V`` over a stage's
+    thousands of tokens exceed 65504 unless the InLine reductions run in fp32."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(getattr(m, 'kv', None), nn.Linear):
+                m.kv.bias += 8
+            elif isinstance(getattr(m, 'qkv', None), nn.Linear):
+                m.qkv.bias[m.qkv.out_features // 3:] += 8
+
+
+def forward_backward(model: nn.Module, x: torch.Tensor, dtype: torch.dtype) -> List[torch.Tensor]:
+    """Training forward under autocast on ``x``'s device, backward of a loss on every output."""
+    with torch.autocast(x.device.type, dtype=dtype):
+        outs = model(x)
+    sum(o.float().square().mean() for o in outs).backward()
+    return list(outs)
+
+
+# ------------------------------------------------------------------- backbones under autocast
+@on_gpu
+@pytest.mark.parametrize('dtype', list(DTYPES))
+@pytest.mark.parametrize('cls', FAMILIES, ids=lambda c: c.__name__)
+def test_every_family_trains_under_autocast(cls, dtype):
+    need_dtype(dtype)
+    model = cls(arch='tiny').cuda().train()
+    large_kv(model)
+    seen: list = []
+    record_dtypes(first_linear(model), seen)
+    outs = forward_backward(model, torch.randn(2, 3, 512, 640, device='cuda') * 3, DTYPES[dtype])
+    assert seen and set(seen) == {DTYPES[dtype]}  # autocast reached the blocks
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    assert [n for n, p in params if p.grad is None] == []  # the loss reaches every parameter
+    assert [n for n, p in params if not torch.isfinite(p.grad).all()] == []
+    assert sum(p.grad.double().norm() for _, p in params) > 0
+
+
+# ------------------------------------------------------------------- SDPA in the softmax blocks
+def softmax_attention_modules(model: nn.Module) -> List[nn.Module]:
+    """The softmax attention modules: Swin's window attention, CSwin's stripe attention."""
+    from inline_mm.models.backbones.cswin import LePEAttention
+    from inline_mm.models.layers.softmax_attention import WindowAttention
+    return [m for m in model.modules() if isinstance(m, (WindowAttention, LePEAttention))]
+
+
+@contextmanager
+def counting_sdpa() -> Iterator[list]:
+    """Count ``F.scaled_dot_product_attention`` calls (also where a module of the plugin
+    imported the function by name); each call appends whether it had an ``attn_mask``."""
+    original = F.scaled_dot_product_attention
+    calls: list = []
+
+    def counted(*args, **kwargs):
+        mask = kwargs.get('attn_mask', args[3] if len(args) > 3 else None)
+        calls.append(mask is not None)
+        return original(*args, **kwargs)
+
+    targets = [F] + [m for name, m in list(sys.modules.items()) if name.startswith('inline_mm')
+                     and getattr(m, 'scaled_dot_product_attention', None) is original]
+    for target in targets:
+        target.scaled_dot_product_attention = counted
+    try:
+        yield calls
+    finally:
+        for target in targets:
+            target.scaled_dot_product_attention = original
+
+
+def sdpa_backends(*names: str):
+    """Only the named SDPA kernels (``FLASH_ATTENTION``, ``EFFICIENT_ATTENTION``, ``MATH``)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel  # torch >= 2.3
+    except ImportError:  # torch 2.1 / 2.2
+        return torch.backends.cuda.sdp_kernel(
+            enable_flash='FLASH_ATTENTION' in names,
+            enable_mem_efficient='EFFICIENT_ATTENTION' in names, enable_math='MATH' in names)
+    return sdpa_kernel([getattr(SDPBackend, n) for n in names])
+
+
+def softmax_model(cls):
+    """Swin-T / CSwin-T with their softmax stages; fewer InLine blocks (not under test here)."""
+    depths = {InLineSwin: [1, 1, 2, 2], InLineCSWin: [1, 1, 4, 1]}[cls]
+    return cls(arch='tiny', depths=depths).cuda()
+
+
+@on_gpu
+@pytest.mark.parametrize('cls', [InLineSwin, InLineCSWin], ids=lambda c: c.__name__)
+def test_softmax_blocks_call_sdpa(cls):
+    """Every softmax attention module calls scaled_dot_product_attention, in training and
+    inference, at a size whose windows need padding masks."""
+    model = softmax_model(cls).train()
+    modules = softmax_attention_modules(model)
+    assert modules
+    before: dict = {}
+    without: list = []
+    with counting_sdpa() as calls:
+        for m in modules:
+            m.register_forward_pre_hook(lambda m, a: before.__setitem__(id(m), len(calls)))
+            m.register_forward_hook(
+                lambda m, a, o: without.append(m) if len(calls) == before[id(m)] else None)
+        x = torch.randn(2, 3, 320, 416, device='cuda')
+        forward_backward(model, x, torch.float16)
+        model.eval()
+        with torch.no_grad(), torch.autocast('cuda', dtype=torch.float16):
+            model(x)
+    assert calls, f'{cls.__name__}: no scaled_dot_product_attention call at all'
+    assert without == [], f'{len(without)} softmax attention calls took another path'
+
+
+@on_gpu
+@pytest.mark.parametrize('dtype', list(DTYPES))
+@pytest.mark.parametrize('cls', [InLineSwin, InLineCSWin], ids=lambda c: c.__name__)
+def test_softmax_blocks_run_the_fused_kernels(cls, dtype):
+    """With only the fused kernels allowed (memory-efficient, which takes masks, and flash)
+    the forward and backward run, and the outputs match the math kernel's."""
+    need_dtype(dtype)
+    model = softmax_model(cls).train()
+    x = torch.randn(2, 3, 320, 416, device='cuda')
+    with counting_sdpa() as calls, sdpa_backends('EFFICIENT_ATTENTION', 'FLASH_ATTENTION'):
+        outs = forward_backward(model, x, DTYPES[dtype])  # raises 'No available kernel' else
+    assert calls and all(torch.isfinite(o.float()).all() for o in outs)
+    model.eval()
+    results = {}
+    for kernels in (('EFFICIENT_ATTENTION', 'FLASH_ATTENTION'), ('MATH', )):
+        with torch.no_grad(), sdpa_backends(*kernels), \
+                torch.autocast('cuda', dtype=DTYPES[dtype]):
+            results[kernels[0]] = [o.float() for o in model(x)]
+    for fused, math_ in zip(results['EFFICIENT_ATTENTION'], results['MATH']):
+        assert (fused - math_).norm() / math_.norm() < {'fp16': 1e-2, 'bf16': 5e-2}[dtype]
+
+
+@on_gpu
+@pytest.mark.parametrize('dtype', list(DTYPES))
+def test_cswin_stripes_without_padding_run_flash_attention(dtype):
+    """At 224x224 CSwin-T's stripes tile every map: no mask, so flash attention alone runs."""
+    need_dtype(dtype)
+    model = softmax_model(InLineCSWin).eval()
+    x = torch.randn(2, 3, 224, 224, device='cuda')
+    with counting_sdpa() as calls, torch.no_grad(), \
+            torch.autocast('cuda', dtype=DTYPES[dtype]):
+        model(x)
+    assert calls
+    if any(calls):
+        pytest.skip('CSwin passes attention masks at 224x224: flash attention takes none')
+    with torch.no_grad(), sdpa_backends('FLASH_ATTENTION'), \
+            torch.autocast('cuda', dtype=DTYPES[dtype]):
+        outs = model(x)
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+
+
+# ------------------------------------------------------------------- the benchmarks on the GPU
+@on_gpu
+def test_backbone_benchmark_on_the_gpu(tmp_path, monkeypatch):
+    """GPU rows: CUDA allocator memory (no RSS child process), threads left alone."""
+    def cpu_only(*args, **kwargs):
+        raise AssertionError('the CPU memory measurement ran on a GPU run')
+
+    monkeypatch.setattr(benchmark, 'reset_peak_rss', cpu_only)
+    monkeypatch.setattr(benchmark, '_child_peak', cpu_only)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        results = benchmark.main(['--compare', 'pvt', '--sizes', '128', '--device', 'cuda',
+                                  '--dtypes', 'fp32', 'fp16', 'bf16', '--warmup', '1',
+                                  '--repeats', '2', '--threads', '2', '--peak-size', '1024',
+                                  '--peak-repeats', '1', '--out', str(tmp_path)])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert results['device'] == 'cuda' and results['threads'] is None
+    assert len(results['rows']) == 6
+    for row in results['rows']:
+        model = benchmark.build_backbone(row['model']).cuda().eval()
+        with torch.inference_mode(), benchmark.autocast(row['dtype'], 'cuda'):
+            out_bytes = sum(o.numel() * o.element_size() for o in model(
+                torch.randn(1, 3, 128, 128, device='cuda')))
+        # the outputs are alive at the end of the forward: a lower bound of its peak
+        assert row['peak_mem_mb'] * 2 ** 20 >= out_bytes, row
+        assert row['latency_ms']['median'] > 0 and 0 < row['peak_fraction'] < 2
+
+
+@on_gpu
+def test_training_benchmark_precisions_on_the_gpu(mmcv_cuda_ops):
+    """fp16: AmpOptimWrapper over the whole model (as --amp on a GPU); bf16: backbone and
+    neck only, the RoI heads in fp32."""
+    from mmengine.optim import AmpOptimWrapper
+    from mmengine.registry import init_default_scope
+    cfg = Config.fromfile(TOY_DET_CONFIG)
+    init_default_scope('mmdet')
+    model = benchmark_train.build(cfg, 'cuda')
+    inner, roi_in = [], []
+    record_dtypes(first_linear(model.backbone), inner)
+    model.roi_head.bbox_roi_extractor.register_forward_pre_hook(
+        lambda m, args: roi_in.append({f.dtype for f in args[0]}))
+    data = benchmark_train.synthetic_batch((128, 160), 2, 3, 3)
+    expected = {'fp32': (torch.float32, torch.float32), 'fp16': (torch.float16, torch.float16),
+                'bf16': (torch.bfloat16, torch.float32)}
+    for dtype, (backbone, heads) in expected.items():
+        if dtype == 'bf16' and not torch.cuda.is_bf16_supported():
+            continue
+        optim = benchmark_train.optim_wrapper_for(model, cfg, dtype, 'cuda')
+        assert isinstance(optim, AmpOptimWrapper) == (dtype == 'fp16')
+        inner.clear()
+        roi_in.clear()
+        log = model.train_step(data, optim)
+        assert set(inner) == {backbone}, dtype
+        assert roi_in and all(d == {heads} for d in roi_in), dtype
+        assert all(math.isfinite(float(v)) for v in log.values()), (dtype, log)
+
+
+@on_gpu
+def test_training_benchmark_runs_on_the_gpu(mmcv_cuda_ops, tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = benchmark_train.main([TOY_DET_CONFIG, '--device', 'cuda', '--size', '128',
+                                       '--batch-size', '2', '--objects', '2', '--dtypes', 'fp32',
+                                       'fp16', 'bf16', '--warmup', '1', '--repeats', '2',
+                                       '--out', str(tmp_path / 'train.json')])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+    assert result['device'] == 'cuda' and result['threads'] is None
+    assert {(r['backbone'], r['dtype']) for r in result['rows'].values()} == {
+        (b, d) for b in ('InLinePVT(tiny)', 'mmdet_pvt_t') for d in ('fp32', 'fp16', 'bf16')}
+    for row in result['rows'].values():
+        assert row['median_s'] > 0 and row['peak_mem_mb'] > 0
+        assert len(row['times_s']) == 2
+    assert set(result['ratios']) == {'fp32', 'fp16', 'bf16'}
+
+
+# ------------------------------------------------------------------- the tools with --amp
+@pytest.fixture(scope='module')
+def amp_run(mmcv_cuda_ops, toy_root, tmp_path_factory):
+    """tools/train.py --amp on the GPU: 4 iterations of the toy Mask R-CNN, batch 2."""
+    work = str(tmp_path_factory.mktemp('amp_train'))
+    # not deterministic: torch.use_deterministic_algorithms refuses several CUDA kernels
+    opts = toy_det_options(toy_root, **{'train_cfg.max_iters': 4, 'randomness.deterministic':
+                                        False, 'default_hooks.checkpoint.interval': 4,
+                                        'train_dataloader.batch_size': 2})
+    run = subprocess.run([sys.executable, TRAIN_TOOL, TOY_DET_CONFIG, '--amp', '--work-dir',
+                          work] + opts, capture_output=True, text=True, env=tool_env(),
+                         cwd=REPO_ROOT, timeout=900)
+    return work, run
+
+
+@on_gpu
+def test_train_tool_amp_fp16_mask_rcnn(amp_run):
+    work, run = amp_run
+    assert run.returncode == 0, run.stderr[-3000:]
+    losses = {r['iter']: r['loss'] for r in scalars(work) if 'loss' in r}
+    assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
+    ckpt = torch.load(os.path.join(work, 'iter_4.pth'), map_location='cpu')
+    # AmpOptimWrapper saves its GradScaler: a dynamic scale from 2^16, halved per overflow
+    scale = ckpt['optimizer']['loss_scaler']['scale']
+    assert 0 < scale <= 2.0 ** 16 and math.log2(scale).is_integer()
+    # each halving skipped one step; every other iteration stepped AdamW
+    steps = max(int(s['step']) for s in ckpt['optimizer']['state'].values())
+    assert steps == 4 - int(math.log2(2.0 ** 16 / scale)) and steps >= 1
+
+
+@on_gpu
+def test_test_tool_amp_on_the_fp16_checkpoint(amp_run, toy_root, tmp_path):
+    work, run = amp_run
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = tmp_path / 'predictions.pkl'
+    test = subprocess.run([sys.executable, TEST_TOOL, TOY_DET_CONFIG,
+                           os.path.join(work, 'iter_4.pth'), '--amp', '--out', str(out),
+                           '--work-dir', str(tmp_path / 'test')] +
+                          toy_det_options(toy_root, **{'randomness.deterministic': False}),
+                          capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT,
+                          timeout=600)
+    text = test.stdout + test.stderr
+    assert test.returncode == 0, text[-3000:]
+    assert 'coco/bbox_mAP' in text and 'coco/segm_mAP' in text
+    with open(out, 'rb') as f:
+        predictions = pickle.load(f)
+    assert len(predictions) == 2  # the toy set's validation images
+    for p in predictions:
+        pred = p['pred_instances']
+        assert torch.isfinite(pred['bboxes']).all() and torch.isfinite(pred['scores']).all()
+
+
+@on_gpu
+def test_inference_autocast_on_the_gpu_is_fp16_in_backbone_and_neck(mmcv_cuda_ops):
+    from mmdet.structures import DetDataSample
+    from mmengine.registry import init_default_scope
+
+    from inline_mm.engine.amp import enable_inference_autocast
+    init_default_scope('mmdet')
+    model = benchmark_train.build(Config.fromfile(TOY_DET_CONFIG), 'cuda').eval()
+    inner, roi_in = [], []
+    record_dtypes(first_linear(model.backbone), inner)
+    model.roi_head.bbox_roi_extractor.register_forward_pre_hook(
+        lambda m, args: roi_in.append({f.dtype for f in args[0]}))
+    handle = enable_inference_autocast(model, 'mmdet')
+    assert handle.dtype == torch.float16 and handle.parts == ('backbone', 'neck')
+    sample = DetDataSample(metainfo=dict(img_shape=(128, 160), ori_shape=(128, 160),
+                                         scale_factor=(1., 1.)))
+    image = torch.randint(0, 256, (3, 128, 160), dtype=torch.uint8)
+    with torch.no_grad():
+        result = model.test_step(dict(inputs=[image], data_samples=[sample]))[0]
+    assert inner == [torch.float16]
+    assert roi_in and all(d == {torch.float32} for d in roi_in)
+    assert torch.isfinite(result.pred_instances.scores).all()
+
+
+# ------------------------------------------------------------------- NCCL
+@on_gpu
+def test_two_process_nccl_ddp_step(tmp_path):
+    """Two NCCL ranks: DDP's gradients equal the mean of the ranks' own, weights stay equal."""
+    if not torch.distributed.is_nccl_available():
+        pytest.skip('this torch has no NCCL backend')
+    out = tmp_path / 'ddp.json'
+    run = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+                          '--master_addr', '127.0.0.1', '--master_port', str(free_port()),
+                          DDP_WORKER, '--backend', 'nccl', '--out', str(out)],
+                         capture_output=True, text=True, env=dict(tool_env(), NCCL_DEBUG='WARN'),
+                         cwd=REPO_ROOT, timeout=300)
+    text = run.stdout + run.stderr
+    if run.returncode and torch.cuda.device_count() < 2 and 'Duplicate GPU' in text:
+        pytest.skip('NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): the '
+                    'two-process NCCL step needs 2 GPUs')
+    assert run.returncode == 0, text[-3000:]
+    result = json.loads(out.read_text())
+    assert result['world_size'] == 2 and result['backend'] == 'nccl'
+    assert result['local_grads_differ'] > 0  # the ranks had batches of their own
+    assert result['grad_rel_err'] < 1e-3
+    assert result['weight_diff'] == 0.0
+
+
+# ------------------------------------------------------------------- on the CPU
+def fake_backbone_result() -> dict:
+    """benchmark.main's result layout with given figures (two models, two batches)."""
+    rows = []
+    figures = {('inline_pvt_t', 1): (10.0, 100.0), ('mmdet_pvt_t', 1): (40.0, 400.0),
+               ('inline_pvt_t', 8): (60.0, 800.0), ('mmdet_pvt_t', 8): (300.0, 3000.0)}
+    for (model, batch), (ms, mb) in figures.items():
+        for i, dtype in enumerate(('fp32', 'fp16')):
+            rows.append(dict(model=model, batch=batch, dtype=dtype, runtime='torch',
+                             latency_ms=dict(median=ms / (i + 1)), peak_mem_mb=mb / (i + 1)))
+    ratios = [dict(family='pvt', batch=b, dtype=d, runtime='torch',
+                   latency=figures[('inline_pvt_t', b)][0] / figures[('mmdet_pvt_t', b)][0])
+              for b in (1, 8) for d in ('fp32', 'fp16')]
+    return dict(rows=rows, ratios=ratios, warmup=2, repeats=5)
+
+
+def fake_train_result(batch: int) -> dict:
+    rows = {'InLinePVT(tiny)': dict(backbone='InLinePVT(tiny)', dtype='fp32', median_s=0.25,
+                                    peak_mem_mb=5000.0),
+            'InLinePVT(tiny) (fp16)': dict(backbone='InLinePVT(tiny)', dtype='fp16',
+                                           median_s=0.125, peak_mem_mb=3000.0),
+            'mmdet_pvt_t': dict(backbone='mmdet_pvt_t', dtype='fp32', median_s=0.5,
+                                peak_mem_mb=9000.0),
+            'mmdet_pvt_t (fp16)': dict(backbone='mmdet_pvt_t', dtype='fp16', median_s=0.4,
+                                       peak_mem_mb=6000.0)}
+    return dict(rows=rows, batch_size=batch, warmup=1, repeats=3,
+                ratios={'fp32': 0.5, 'fp16': 0.3125})
+
+
+def test_report_tables_from_given_figures():
+    report = dict(
+        meta=dict(device_name='NVIDIA H200', torch='2.14.1', cuda='13.0', date='2026-12-01',
+                  load='0.10 0.20 0.30', size='1333x800', dtypes=['fp32', 'fp16', 'bf16']),
+        backbone=dict(command='python tools/analysis/benchmark.py X',
+                      result=fake_backbone_result()),
+        train=dict(parts=[
+            dict(config='c.py', batch=1, command='python tools/analysis/benchmark_train.py A',
+                 result=fake_train_result(1)),
+            dict(config='c.py', batch=8, command='python tools/analysis/benchmark_train.py B',
+                 error='OutOfMemoryError: CUDA out of memory')]))
+    lines = gpu_report.render(report).splitlines()
+    # one row per model and batch: latency per dtype (bf16 not given: '-'), then memory
+    assert '| InLine-PVT-T | 1 | 10.0 | 5.0 | - | 100 | 50 | - |' in lines
+    assert '| mmdet PVT-T | 8 | 300.0 | 150.0 | - | 3000 | 1500 | - |' in lines
+    assert '| InLine-PVT-T / mmdet PVT-T | 1 | 0.25 | 0.25 | - |' in lines
+    assert '| InLine-PVT-T / mmdet PVT-T | 8 | 0.20 | 0.20 | - |' in lines
+    assert '| InLine-PVT-T | 1 | 0.250 | 0.125 | - | 5000 | 3000 | - |' in lines
+    assert '| mmdet PVT-T | 1 | 0.500 | 0.400 | - | 9000 | 6000 | - |' in lines
+    assert '| InLine-PVT-T / mmdet PVT-T | 1 | 0.50 | 0.31 | - |' in lines
+    assert '- c.py batch 8: failed: OutOfMemoryError: CUDA out of memory' in lines
+    text = '\n'.join(lines)
+    assert 'NVIDIA H200, torch 2.14.1 (CUDA 13.0), 2026-12-01' in text
+    assert '`python tools/analysis/benchmark_train.py B`' in text
+    # every table row has as many cells as its header
+    for block in text.split('\n\n'):
+        rows = [line for line in block.splitlines() if line.startswith('|')]
+        assert len({line.count('|') for line in rows}) <= 1, block
+
+
+def test_report_names_what_was_not_measured():
+    report = dict(meta=dict(device_name='GPU', torch='2.1.2', cuda='12.1', date='2026-12-01',
+                            load='0.00 0.00 0.00', size='1333x800', dtypes=['fp32']),
+                  backbone=dict(command='python x', error='RuntimeError: boom'),
+                  train=dict(skipped='mmcv 2.1.0 has no usable CUDA ops here'))
+    text = gpu_report.render(report)
+    assert 'failed: RuntimeError: boom' in text
+    assert 'not measured: mmcv 2.1.0 has no usable CUDA ops here' in text
+
+
+def test_report_arguments_are_the_benchmarks_own(tmp_path):
+    """The parts' arguments: the sizes and batches asked for, accepted by the tools' parsers."""
+    args = gpu_report.parse_args(['--batch-sizes', '1', '8', '--out', str(tmp_path)])
+    argv = gpu_report.backbone_argv(args, str(tmp_path))
+    assert argv[argv.index('--sizes') + 1] == '1333x800'
+    assert argv[argv.index('--batch-sizes') + 1:argv.index('--batch-sizes') + 3] == ['1', '8']
+    targs = benchmark_train.parse_args(gpu_report.train_argv(
+        args, gpu_report.DETECTORS['swin'], 8, str(tmp_path / 't.json')))
+    assert (targs.device, targs.size, targs.batch_size, targs.dtypes) == \
+        ('cuda', '1333x800', 8, ['fp32', 'fp16', 'bf16'])
+    for config in gpu_report.DETECTORS.values():
+        assert os.path.isfile(os.path.join(REPO_ROOT, config))
+
+
+@pytest.mark.skipif(not NO_CUDA, reason='the refusal without a GPU')
+def test_gpu_report_without_cuda_stops_with_one_line(tmp_path):
+    out = tmp_path / 'report'
+    run = subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'tools', 'analysis',
+                                                       'gpu_report.py'), '--out', str(out)],
+                         capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error: no CUDA device'), run.stderr
+    assert 'torch.cuda.is_available() is False' in lines[0]
+    assert not out.exists()  # nothing written
+
+
+@pytest.mark.skipif(not NO_CUDA, reason='the refusal without a GPU')
+@pytest.mark.parametrize('tool', ['benchmark', 'benchmark_train'])
+def test_benchmarks_refuse_cuda_without_a_gpu(tool, tmp_path, capsys):
+    argv = {'benchmark': ['--models', 'inline_pvt_t', '--device', 'cuda', '--out',
+                          str(tmp_path)],
+            'benchmark_train': [TOY_DET_CONFIG, '--device', 'cuda']}[tool]
+    with pytest.raises(SystemExit) as exit_info:
+        {'benchmark': benchmark, 'benchmark_train': benchmark_train}[tool].main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: no CUDA device'), err
+    assert not os.listdir(tmp_path)
