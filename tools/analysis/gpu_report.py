@@ -223,7 +223,7 @@ def run_backbones(args, out: str) -> dict:
     part = dict(command=command('benchmark.py', argv))
     try:
         part['result'] = benchmark.main(argv)
-    except Exception as err:  # noqa: BLE001  (keep the other parts)
+    except (Exception, SystemExit) as err:  # noqa: BLE001  (keep the other parts)
         part['error'] = _first_line(err)
     _free_gpu()
     return part
@@ -243,7 +243,7 @@ def run_training(args, out: str) -> dict:
             try:  # the config by its absolute path: the report may run from any folder
                 part['result'] = benchmark_train.main(
                     train_argv(args, osp.join(ROOT, DETECTORS[family]), batch, path))
-            except Exception as err:  # noqa: BLE001  (keep the other parts)
+            except (Exception, SystemExit) as err:  # noqa: BLE001  (keep the other parts)
                 part['error'] = _first_line(err)
             _free_gpu()
             parts.append(part)
