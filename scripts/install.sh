@@ -71,18 +71,35 @@ step "installing torch $TORCH_VERSION + torchvision (large: a few minutes the fi
 step "installing setuptools (mmengine imports pkg_resources)" "${PIP[@]}" -q setuptools
 step "installing mmengine" "${PIP[@]}" -q mmengine numpy
 
+# On a machine with a GPU and the CUDA compiler, mmcv's ops are built for CUDA as well
+# (Mask R-CNN's RoIAlign / NMS on the GPU: make test-gpu); INLINE_MM_MMCV_CUDA=0 / 1
+# overrides.  The CUDA build is cached apart from the CPU-only one.
+if [[ -z "${INLINE_MM_MMCV_CUDA:-}" ]]; then
+  INLINE_MM_MMCV_CUDA=0
+  if command -v nvcc >/dev/null \
+     && "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+    INLINE_MM_MMCV_CUDA=1
+  fi
+fi
+if [[ "$INLINE_MM_MMCV_CUDA" == 1 ]]; then
+  WHEEL_DIR="$WHEEL_DIR-cuda"
+fi
+
 mmcv_ops_ok() {
-  "$PY" - <<'PYEOF' 2>/dev/null
-import torch, mmcv
+  MMCV_VERSION="$MMCV_VERSION" OPS_DEVICES="cpu$([[ $INLINE_MM_MMCV_CUDA == 1 ]] && echo ' cuda')" \
+    "$PY" - <<'PYEOF' 2>/dev/null
+import os, torch, mmcv
 from mmcv.ops import RoIAlign, nms, batched_nms
-assert mmcv.__version__ == '2.1.0'
-boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 11., 11.], [50., 50., 60., 60.]])
-scores = torch.tensor([0.9, 0.8, 0.7])
-keep = nms(boxes, scores, 0.5)[1]
-assert keep.tolist() == [0, 2], keep
-feat = torch.arange(64.).view(1, 1, 8, 8)
-out = RoIAlign((2, 2), 1.0, 2)(feat, torch.tensor([[0., 0., 0., 4., 4.]]))
-assert out.shape == (1, 1, 2, 2)
+assert mmcv.__version__ == os.environ['MMCV_VERSION']
+for device in os.environ['OPS_DEVICES'].split():
+    boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 11., 11.], [50., 50., 60., 60.]],
+                         device=device)
+    scores = torch.tensor([0.9, 0.8, 0.7], device=device)
+    keep = nms(boxes, scores, 0.5)[1]
+    assert keep.tolist() == [0, 2], keep
+    feat = torch.arange(64., device=device).view(1, 1, 8, 8)
+    rois = torch.tensor([[0., 0., 0., 4., 4.]], device=device)
+    assert RoIAlign((2, 2), 1.0, 2)(feat, rois).shape == (1, 1, 2, 2)
 PYEOF
 }
 
@@ -110,8 +127,8 @@ else
     mkdir -p "$WHEEL_DIR"
     (
       cd "$SRC"
-      export MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-      step "compiling mmcv $MMCV_VERSION ops (MMCV_WITH_OPS=1, -std=c++20, $MAX_JOBS jobs)" \
+      export MMCV_WITH_OPS=1 FORCE_CUDA="$INLINE_MM_MMCV_CUDA" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+      step "compiling mmcv $MMCV_VERSION ops (MMCV_WITH_OPS=1, FORCE_CUDA=$FORCE_CUDA, $MAX_JOBS jobs)" \
         "$PY" -m pip wheel --no-build-isolation --no-deps -w "$BUILD/dist" .
     )
     wheels=("$BUILD"/dist/mmcv-"$MMCV_VERSION"-*.whl)

@@ -18,7 +18,8 @@ DET_TOY = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt
 SEG_TOY = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')
 SWIN_T = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-swin-t_fpn_1x_coco.py')
 CSWIN_T = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-cswin-t_fpn_1x_coco.py')
-FAST = ['--warmup', '0', '--repeats', '1', '--threads', '1', '--no-memory',
+# --device cpu: these rows need mmcv's CPU ops (the tool defaults to cuda where there is one)
+FAST = ['--device', 'cpu', '--warmup', '0', '--repeats', '1', '--threads', '1', '--no-memory',
         '--peak-size', '256', '--peak-repeats', '1']
 
 
