@@ -28,10 +28,20 @@ def _cpu_fp16_supported() -> bool:
     return True
 
 
+def cpu_autocast_enabled() -> bool:
+    """Whether CPU autocast is on now (``torch.is_autocast_enabled('cpu')``; torch < 2.4
+    takes no device there and has ``torch.is_autocast_cpu_enabled()`` instead)."""
+    try:
+        return torch.is_autocast_enabled('cpu')
+    except TypeError:
+        return torch.is_autocast_cpu_enabled()
+
+
 #: fp16 tests run on the CPU where torch supports it (on GPUs fp16 always works)
 requires_cpu_fp16 = pytest.mark.skipif(not _cpu_fp16_supported(),
-                                       reason='this torch has no fp16 kernels / autocast '
-                                       'on the CPU (the fp16 path is the GPU one)')
+                                       reason=f'torch {torch.__version__} has no fp16 matmul '
+                                       'kernels / fp16 autocast on the CPU (the fp16 path is '
+                                       'the GPU one)')
 
 
 # ------------------------------------------------ runs of the tools on the toy detector

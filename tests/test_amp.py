@@ -7,7 +7,7 @@ from collections import namedtuple
 import pytest
 import torch
 import torch.nn as nn
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, cpu_autocast_enabled, requires_cpu_fp16
 from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 
@@ -64,7 +64,7 @@ def test_autocast_parts_runs_inside_in_bf16_and_hands_out_fp32():
     assert isinstance(pair, Pair) and pair.a.dtype == pair.b.dtype == torch.float32
     # the head is outside the part: no autocast, fp32 all along
     assert net(x).dtype == torch.float32 and head == [torch.float32]
-    assert not torch.is_autocast_enabled('cpu')
+    assert not cpu_autocast_enabled()
     handle.remove()
     inner.clear()
     net(x)
@@ -72,7 +72,7 @@ def test_autocast_parts_runs_inside_in_bf16_and_hands_out_fp32():
     assert not hasattr(net.backbone, '_inline_mm_autocast')
 
 
-def test_autocast_parts_is_idempotent_and_switchable():
+def _installed_once():
     net, x = Net(), torch.randn(4, 8)
     inner = []
     record_dtypes(net.backbone.fc, inner)
@@ -82,6 +82,18 @@ def test_autocast_parts_is_idempotent_and_switchable():
     assert (len(net.backbone._forward_hooks), len(net.backbone._forward_pre_hooks)) == hooks
     net(x)
     assert inner == [torch.bfloat16]  # entered once, left once
+    return net, x, inner, first, hooks
+
+
+def test_autocast_parts_is_idempotent():
+    net = _installed_once()[0]
+    remove_autocast_parts(net)
+    assert not net.backbone._forward_hooks and not net.backbone._forward_pre_hooks
+
+
+@requires_cpu_fp16
+def test_autocast_parts_is_switchable():
+    net, x, inner, first, hooks = _installed_once()
     # another dtype replaces the hooks rather than stacking a second set
     second = autocast_parts(net, ('backbone', ), dtype='float16')
     assert second is not first and not first.installed
@@ -100,7 +112,7 @@ def test_autocast_parts_leaves_autocast_when_the_forward_raises():
     autocast_parts(net, ('backbone', ))
     with pytest.raises(RuntimeError):
         net(torch.randn(4, 5))  # wrong width
-    assert not torch.is_autocast_enabled('cpu')
+    assert not cpu_autocast_enabled()
     assert net(torch.randn(4, 8)).dtype == torch.float32
 
 
