@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-fast test-compat demo demo-seg lint clean
+.PHONY: install test test-fast test-gpu test-compat demo demo-seg lint clean
 
 install:
 	@bash scripts/install.sh
@@ -15,6 +15,19 @@ test: install
 # everything but the end-to-end runs marked slow (training, multi-process, exports)
 test-fast: install
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# the GPU tier: the tests marked cuda (skipped without a GPU), then the GPU timing table;
+# the table is written even when a test fails, and the exit status is the first failure's
+GPU_REPORT ?= work_dirs/gpu_report
+test-gpu: install
+	@status=0; \
+	$(PY) -m pytest -m cuda $(PYTEST_ARGS) || status=$$?; \
+	$(PY) tools/analysis/gpu_report.py --out $(GPU_REPORT) || \
+		{ s=$$?; [ $$status -ne 0 ] || status=$$s; }; \
+	if [ -f $(GPU_REPORT)/table.md ]; then \
+		echo "GPU table: $(GPU_REPORT)/table.md (figures: $(GPU_REPORT)/report.json)"; \
+	else echo "no GPU table written"; fi; \
+	exit $$status
 
 # the whole suite on the oldest supported stack (scripts/constraints-oldest.txt), in
 # .venv-compat (not in CI); scripts/dump_api_inventory.py runs there too
