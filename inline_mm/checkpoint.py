@@ -12,21 +12,26 @@
   classes, by their pickled name, is read as plain dicts; anything else is
   refused with a message naming the class and the file.
 * :func:`load_pretrained` loads an authors' / inline-mm / mmdet / mmseg
-  checkpoint into a backbone, resizing position tables, and logs one summary.
+  checkpoint into a backbone, resizing position tables, and logs one summary;
+  a checkpoint of another arch or family (whole blocks or stages on one side
+  only) is refused, naming the arch its keys look like, unless ``strict=False``.
+* :func:`check_checkpoint_fits` tells, before an evaluation, whether a whole
+  detector / segmentor checkpoint fits the model built from a config.
 """
 import _compat_pickle
 import logging
 import os
 import pickle
 import re
+import zipfile
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .errors import CheckpointError, MissingFileError
+from .errors import CheckpointError, CheckpointMismatchError, MissingFileError
 
 StateDict = Dict[str, Tensor]
 
@@ -58,6 +63,17 @@ def _mmengine_checkpoint_types() -> List[object]:
     types += [type(np.dtype(t)) for t in
               (np.float64, np.float32, np.float16, np.int64, np.int32, np.bool_, np.uint8)]
     return types
+
+
+def _mmengine_checkpoint_globals() -> Dict[str, object]:
+    """:func:`_mmengine_checkpoint_types` by pickled name (for :class:`_RestrictedUnpickler`)."""
+    named: Dict[str, object] = {}
+    for entry in _mmengine_checkpoint_types():
+        if isinstance(entry, tuple):
+            named[entry[1]] = entry[0]
+        else:
+            named[f'{entry.__module__}.{entry.__qualname__}'] = entry
+    return named
 
 
 def allow_mmengine_checkpoints() -> None:
@@ -152,17 +168,30 @@ def _torch_at_least(major: int, minor: int) -> bool:
 _TORCH_NAMED_SAFE_GLOBALS = _torch_at_least(2, 6)
 
 
+def _latin1_encode(text: str, encoding: str = 'latin1') -> bytes:
+    """``_codecs.encode`` as protocol-2 pickles use it for bytes (numpy arrays'
+    data in mmengine's message hub): the latin-1 codec only."""
+    if encoding not in ('latin1', 'latin-1'):
+        raise pickle.UnpicklingError(f'refused _codecs.encode(..., {encoding!r}) while loading '
+                                     f'with weights_only=True: only latin1 is allowed')
+    return text.encode('latin1')
+
+
 #: builtins that newer torch allows under weights_only and older torch's list lacks
-#: (yacs keeps a set of deprecated keys in every CfgNode)
-_BENIGN_BUILTINS: Dict[str, type] = {'builtins.set': set, 'builtins.frozenset': frozenset}
+#: (yacs keeps a set of deprecated keys in every CfgNode; protocol-2 pickles write bytes
+#: as ``_codecs.encode(text, 'latin1')``)
+_BENIGN_BUILTINS: Dict[str, Any] = {'builtins.set': set, 'builtins.frozenset': frozenset,
+                                    '_codecs.encode': _latin1_encode}
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
     """For torch < 2.6: an unpickler that resolves only allow-listed globals.
 
     The allow-list is torch's own ``weights_only`` list plus
-    :data:`AUTHOR_CHECKPOINT_GLOBALS`; any other class or function is refused
-    before it is imported, as ``weights_only=True`` does.
+    :data:`AUTHOR_CHECKPOINT_GLOBALS` and the types of mmengine's runner
+    checkpoints (what :func:`allow_mmengine_checkpoints` adds on newer torch);
+    any other class or function is refused before it is imported, as
+    ``weights_only=True`` does.
     """
 
     def find_class(self, module: str, name: str) -> Any:
@@ -173,7 +202,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         full = f'{module}.{name}'
         allowed = AUTHOR_CHECKPOINT_GLOBALS.get(full) or _BENIGN_BUILTINS.get(full) or \
-            _weights_only_unpickler._get_allowed_globals().get(full)
+            _weights_only_unpickler._get_allowed_globals().get(full) or \
+            _mmengine_checkpoint_globals().get(full)
         if allowed is None:
             raise pickle.UnpicklingError(f'Unsupported global: GLOBAL {full}')
         return allowed
@@ -233,13 +263,55 @@ def load_checkpoint_file(path: str) -> dict:
                 f'tensor, a container or a known-benign class, and unpickling it could run '
                 f'code. If you trust the file, re-save its weights alone where it was written: '
                 f"torch.save({{'model': ckpt['model']}}, 'weights.pth')") from None
-        raise CheckpointError(f'cannot read checkpoint {path!r}: it is not a PyTorch '
-                              f'checkpoint or it is corrupt ({_first_line(err)})') from None
+        raise CheckpointError(_unreadable_message(path, err)) from None
     except Exception as err:  # truncated zip, text file, wrong format ...
-        raise CheckpointError(f'cannot read checkpoint {path!r}: the file is corrupt or not a '
-                              f'PyTorch checkpoint ({type(err).__name__}: '
-                              f'{_first_line(err)})') from None
+        raise CheckpointError(_unreadable_message(path, err)) from None
     return _plain(checkpoint)
+
+
+#: the fix for a file that is not the checkpoint it should be
+_FETCH_AGAIN = 'download or copy the file again (compare its size with the original)'
+
+
+def _unreadable_message(path: str, err: Exception) -> str:
+    """One line: what the unreadable file at ``path`` is, and what to do.
+
+    Told from the first bytes: empty, a Git LFS pointer, an HTML page, other
+    text, a zip archive (torch's format) without its end, a legacy pickle cut
+    short.  torch's own reason comes last (without its ``weights_only`` advice).
+    """
+    size = os.path.getsize(path)
+    with open(path, 'rb') as f:
+        head = f.read(512)
+    start = head.lstrip().lower()
+    if size == 0:
+        what = f'is empty (0 bytes), not a PyTorch checkpoint: {_FETCH_AGAIN}'
+    elif head.startswith(b'version https://git-lfs'):
+        what = ('is a Git LFS pointer, not a PyTorch checkpoint: fetch the weights '
+                '(`git lfs pull`) or download the file itself')
+    elif start.startswith((b'<!doctype html', b'<html')):
+        what = ('is an HTML page, not a PyTorch checkpoint (a download link that returned a '
+                'web page?): download the file itself')
+    elif head.startswith(b'PK\x03\x04'):
+        if not zipfile.is_zipfile(path):
+            what = (f'is truncated or corrupt: a zip archive (the PyTorch format) of {size} '
+                    f'bytes without its end, e.g. an interrupted download or copy: '
+                    f'{_FETCH_AGAIN}')
+        else:
+            what = ('is a zip archive but not a PyTorch checkpoint, or it is corrupt: pass the '
+                    '.pth file torch.save wrote')
+    elif head.startswith(b'\x80'):
+        what = (f'is truncated or corrupt (a legacy-format PyTorch file of {size} bytes '
+                f'that cannot be read to its end): {_FETCH_AGAIN}')
+    elif all(32 <= b < 127 or b in b'\t\n\r' for b in head):
+        what = ('is a text file, not a PyTorch checkpoint: pass the .pth file the training '
+                'wrote')
+    else:
+        what = ('is not a PyTorch checkpoint (neither a zip archive nor a pickle) or it is '
+                f'corrupt: {_FETCH_AGAIN}')
+    # torch's reason, first sentence only (its advice is about saving, not this file)
+    reason = _first_line(err).split('. ')[0].rstrip('.')
+    return f'cannot read checkpoint {path!r}: it {what} ({type(err).__name__}: {reason})'
 
 
 def _first_line(err: Exception) -> str:
@@ -326,30 +398,173 @@ def adapt_to_model(state_dict: StateDict, model: nn.Module) -> Tuple[StateDict, 
     return out, notes
 
 
+# ---------------------------------------------------------------- which arch the keys are
+def preset_structures() -> Dict[Tuple[str, str], Any]:
+    """The :class:`~inline_mm.models.converters.Structure` of every arch preset.
+
+    Keyed by ``(family, arch)``; read from the backbones' ``arch_settings``
+    (the authors' variants), without building a model.
+    """
+    from .models import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
+    from .models.backbones.base import parse_attn_type
+    from .models.converters import Structure
+    presets = {}
+    for family, cls in (('pvt', InLinePVT), ('swin', InLineSwin), ('cswin', InLineCSWin),
+                        ('deit', InLineDeiT)):
+        for arch, setting in cls.arch_settings.items():
+            if 'depth' in setting:  # a plain ViT: one stage
+                depths, dims = (setting['depth'],), (setting['embed_dims'],)
+            else:
+                depths, width = tuple(setting['depths']), setting['embed_dims']
+                # Swin / CSwin give the stage-1 width, doubled every stage
+                dims = tuple(width) if isinstance(width, (list, tuple)) else \
+                    tuple(width * 2 ** i for i in range(len(depths)))
+            kinds = parse_attn_type(setting.get('attn_type', 'I' * len(depths)), depths,
+                                    'ISM', cls.__name__)
+            presets[family, arch] = Structure(family, tuple(''.join(k) for k in kinds), dims)
+    return presets
+
+
+def _family_of(state_dict: StateDict) -> Optional[str]:
+    from .models.converters import detect_family
+    try:
+        return detect_family(state_dict)
+    except CheckpointError:
+        return None
+
+
+def looks_like(state_dict: StateDict, family: Optional[str] = None) -> str:
+    """What a backbone state dict's keys look like: ``"InLinePVT arch='small'"``, or its
+    structure where no preset has it.  Empty when the family cannot be told."""
+    from .models.converters import FAMILY_CLASSES, key_structure
+    family = family or _family_of(state_dict)
+    if family is None:
+        return ''
+    structure = key_structure(state_dict, family)
+    presets = preset_structures()
+    name = FAMILY_CLASSES[family]
+    for (fam, arch), preset in presets.items():
+        if preset == structure:
+            return f"{name} arch='{arch}'"
+    for (fam, arch), preset in presets.items():
+        if fam == family and preset.kinds == structure.kinds:
+            return f"{name} with the blocks of arch='{arch}' ({structure.describe()})"
+    return f'{name} with {structure.describe()} (no preset)'
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    """``[2, 3, 4, 7]`` -> ``'2-4, 7'``."""
+    out, run = [], [indices[0]]
+    for i in indices[1:]:
+        if i == run[-1] + 1:
+            run.append(i)
+            continue
+        out.append(str(run[0]) if len(run) == 1 else f'{run[0]}-{run[-1]}')
+        run = [i]
+    out.append(str(run[0]) if len(run) == 1 else f'{run[0]}-{run[-1]}')
+    return ', '.join(out)
+
+
+def _block_prefix(family: str, stage: int) -> str:
+    """The key prefix of a stage's blocks (``block2`` for PVT's second stage)."""
+    return {'pvt': f'block{stage + 1}', 'swin': f'layers.{stage}.blocks',
+            'cswin': f'stage{stage + 1}', 'deit': 'blocks'}[family]
+
+
+def structure_problems(checkpoint: StateDict, own: StateDict) -> List[str]:
+    """Whole blocks / stages or block kinds on one side only, or another family.
+
+    ``checkpoint`` (converted) and ``own`` (the model's state dict) are
+    compared block by block; tensors missing inside a block that both have are
+    no problem here (they are reported as missing keys).
+    """
+    from .models.converters import FAMILY_CLASSES, key_structure
+    ckpt_family, own_family = _family_of(checkpoint), _family_of(own)
+    if own_family is None:
+        return []
+    if ckpt_family is not None and ckpt_family != own_family:
+        return [f'its keys are those of {FAMILY_CLASSES[ckpt_family]}, not '
+                f'{FAMILY_CLASSES[own_family]}']
+    ckpt, model = key_structure(checkpoint, own_family), key_structure(own, own_family)
+    kind_names = {'I': 'InLine', 'S': 'softmax'}
+    problems = []
+    for stage in range(max(len(ckpt.kinds), len(model.kinds))):
+        theirs = ckpt.kinds[stage] if stage < len(ckpt.kinds) else ''
+        mine = model.kinds[stage] if stage < len(model.kinds) else ''
+        prefix = _block_prefix(own_family, stage)
+        extra = list(range(len(mine), len(theirs)))
+        absent = [j for j in range(len(mine)) if j >= len(theirs) or theirs[j] == '?']
+        if extra:
+            problems.append(f'{prefix}.{{{_ranges(extra)}}} are in the checkpoint, not in the '
+                            f'model')
+        if absent:
+            problems.append(f'{prefix}.{{{_ranges(absent)}}} of the model are not in the '
+                            f'checkpoint')
+        for kind in 'IS':
+            differ = [j for j in range(min(len(mine), len(theirs)))
+                      if theirs[j] == kind and mine[j] not in (kind, '?')]
+            if differ:
+                problems.append(f'{prefix}.{{{_ranges(differ)}}} are {kind_names[kind]} in the '
+                                f'checkpoint, {kind_names["IS".replace(kind, "")]} in the model')
+    return problems
+
+
 def load_pretrained(model: nn.Module, path: str, state_dict_key: Optional[str] = None,
                     prefix: Optional[str] = None,
-                    logger: Optional[logging.Logger] = None) -> Dict[str, List[str]]:
+                    logger: Optional[logging.Logger] = None,
+                    strict: bool = True) -> Dict[str, List[str]]:
     """Load a checkpoint into an InLine backbone and log what happened.
 
+    Args:
+        model: an InLine backbone.
+        path: the checkpoint file (authors', inline-mm, mmdet / mmseg).
+        state_dict_key: take the weights from this entry (``'state_dict_ema'``).
+        prefix: keep the keys under this prefix (default ``backbone.`` where present).
+        logger: where the summary goes.
+        strict: refuse a checkpoint of another arch or family (whole blocks or
+            stages only in the checkpoint or only in the model, InLine vs
+            softmax blocks, another family's keys); with False those are logged
+            and the tensors that fit are loaded.  Shapes that conflict raise
+            either way.
+
     Returns:
-        ``{'loaded': [...], 'missing': [...], 'unexpected': [...], 'resized': [...]}``.
+        ``{'loaded': [...], 'missing': [...], 'unexpected': [...], 'resized': [...],
+        'mismatched': [...]}`` (``mismatched``: the structural differences).
+
+    Raises:
+        CheckpointMismatchError: the checkpoint does not fit the model (see
+            ``strict``), or a tensor's shape conflicts and cannot be resized.
     """
     logger = logger or logging.getLogger(__name__)
     state_dict = extract_state_dict(load_checkpoint_file(path), state_dict_key, prefix)
     state_dict = model.convert_checkpoint(state_dict)
     own = model.state_dict()
+    look = looks_like(state_dict)
+    like = f' (its keys look like {look})' if look else ''
     if not any(k in own for k in state_dict):
-        from .models.converters import detect_family
-        try:
-            family = f' (its keys look like InLine-{detect_family(state_dict)})'
-        except CheckpointError:
-            family = ''
-        raise CheckpointError(f'none of the {len(state_dict)} tensors in {path} matches a '
-                              f'parameter of {type(model).__name__}{family}: is it a checkpoint '
-                              f'of another model? Use the backbone it was trained with, or set '
-                              f'init_cfg.prefix '
-                              f'to the prefix of the backbone keys')
-    state_dict, resized = adapt_to_model(state_dict, model)
+        raise CheckpointMismatchError(
+            f'none of the {len(state_dict)} tensors in {path} matches a parameter of '
+            f'{type(model).__name__}{like}: is it a checkpoint of another model? Use the '
+            f'backbone it was trained with, or set init_cfg.prefix to the prefix of the '
+            f'backbone keys')
+    mismatched = structure_problems(state_dict, own)
+    if mismatched:
+        mine = looks_like(own)
+        summary = (f'checkpoint {path} does not fit {type(model).__name__}: '
+                   + '; '.join(mismatched) + f'. The checkpoint looks like {look or "?"}, the '
+                   f'model is {mine or type(model).__name__}')
+        if strict:
+            preset = re.fullmatch(rf"{type(model).__name__} (arch='\w+')", look)
+            use = preset.group(1) if preset else 'the arch it was trained with'
+            raise CheckpointMismatchError(
+                f'{summary}. Build the model with {use}, or load the tensors that fit anyway '
+                f"with strict=False (init_cfg=dict(type='Pretrained', checkpoint=..., "
+                f'strict=False))')
+        logger.warning(f'{summary}; strict=False: loading the tensors that fit')
+    try:
+        state_dict, resized = adapt_to_model(state_dict, model)
+    except CheckpointError as err:
+        raise CheckpointMismatchError(f'{err}{like}') from None
     missing = [k for k in own if k not in state_dict]
     unexpected = [k for k in state_dict if k not in own]
     loadable = {k: v for k, v in state_dict.items() if k in own}
@@ -364,4 +579,94 @@ def load_pretrained(model: nn.Module, path: str, state_dict_key: Optional[str] =
     if unexpected:
         lines.append('unexpected (ignored): ' + ', '.join(unexpected))
     logger.info('\n'.join(lines))
-    return dict(loaded=sorted(loadable), missing=missing, unexpected=unexpected, resized=resized)
+    return dict(loaded=sorted(loadable), missing=missing, unexpected=unexpected, resized=resized,
+                mismatched=mismatched)
+
+
+# ---------------------------------------------------------------- whole-model checkpoints
+#: top-level parts that tell the task of a model's state dict
+_TASK_PARTS = (('decode_head', 'a segmentor'), ('roi_head', 'a two-stage detector'),
+               ('bbox_head', 'a single-stage detector'))
+
+
+def describe_model_state(state_dict: StateDict) -> str:
+    """What a whole model's state dict looks like, from its keys.
+
+    ``"a two-stage detector (backbone, neck, rpn_head, roi_head) with an
+    InLinePVT arch='tiny' backbone"``; a state dict without parts (a bare
+    backbone) is described as one.
+    """
+    parts = sorted({k.split('.', 1)[0] for k in state_dict if '.' in k})
+    task = next((name for part, name in _TASK_PARTS if part in parts), None)
+    if 'backbone' not in parts:  # no parts at all: a backbone on its own?
+        look = looks_like(state_dict)
+        return f'a bare backbone ({look}) without neck or heads' if look else \
+            f'a state dict of {len(state_dict)} tensors without a backbone'
+    backbone = {k[len('backbone.'):]: v for k, v in state_dict.items()
+                if k.startswith('backbone.')}
+    look = looks_like(backbone) or 'another'
+    return f"{task or 'a model'} ({', '.join(parts)}) with {'an' if look[0] in 'AEIOU' else 'a'} " \
+           f'{look} backbone'
+
+
+def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9) -> None:
+    """Refuse, before an evaluation, a checkpoint that is not of the config's model.
+
+    mmengine loads a checkpoint into a model with ``strict=False`` and only
+    warns about what does not match, so a segmentor's checkpoint on a
+    detector's config evaluates to 0 mAP without an error.  This reads
+    ``path`` (safely, see :func:`load_checkpoint_file`) and compares its
+    ``state_dict`` with the model's.
+
+    Args:
+        model: the detector / segmentor built from the config (a wrapper's
+            ``module`` is taken).
+        path: the checkpoint (``{'state_dict': ..., 'meta': ...}`` as mmengine
+            writes it, or a plain state dict).
+        min_found: the share of the model's tensors the checkpoint must hold.
+
+    Raises:
+        MissingFileError: ``path`` does not exist.
+        CheckpointError: ``path`` is not a readable PyTorch checkpoint.
+        CheckpointMismatchError: a tensor's shape conflicts, a whole part of the
+            model (backbone, neck, a head) is absent, fewer than ``min_found``
+            of the model's tensors are there, a part the model lacks is there,
+            or the backbone has other blocks or stages (another arch).
+    """
+    checkpoint = load_checkpoint_file(path)
+    model = getattr(model, 'module', model)
+    state = extract_state_dict(checkpoint, prefix='')
+    own = model.state_dict()
+    conflicts = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    missing = [k for k in own if k not in state]
+    own_parts = {k.split('.', 1)[0] for k in own if '.' in k}
+    their_parts = {k.split('.', 1)[0] for k in state if '.' in k}
+    problems = []
+    if missing and len(own) - len(missing) < min_found * len(own):
+        problems.append(f"{len(missing)} of the model's {len(own)} tensors are not in it")
+    absent = sorted(own_parts - their_parts)
+    if absent:
+        problems.append(f"it has no {', '.join(absent)}")
+    # parts only in the checkpoint (a bare backbone's own modules are not listed)
+    extra = sorted(their_parts - own_parts) if own_parts & their_parts else []
+    if extra:
+        problems.append(f"it has {', '.join(extra)}, which the model has not")
+    if conflicts:
+        key = conflicts[0]
+        problems.append(f'{len(conflicts)} tensor(s) with other shapes (e.g. {key}: '
+                        f'{tuple(state[key].shape)} in the checkpoint, {tuple(own[key].shape)} '
+                        f'in the model)')
+    if not problems and hasattr(model, 'backbone'):
+        problems = [f'backbone: {p}' for p in structure_problems(
+            {k[9:]: v for k, v in state.items() if k.startswith('backbone.')},
+            model.backbone.state_dict())]
+    if not problems:
+        return
+    meta = checkpoint.get('meta') if isinstance(checkpoint.get('meta'), dict) else {}
+    origin = f", saved by the run {meta['experiment_name']!r}" \
+        if isinstance(meta.get('experiment_name'), str) else ''
+    raise CheckpointMismatchError(
+        f'checkpoint {path} does not fit the model of the config: ' + '; '.join(problems)
+        + f'. The checkpoint looks like {describe_model_state(state)}{origin}; the config '
+        f'builds {type(model).__name__}, {describe_model_state(own)}. Pass the checkpoint '
+        f'trained with this config, or the config the checkpoint was trained with')

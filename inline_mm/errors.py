@@ -31,3 +31,7 @@ class MissingFileError(UserInputError, FileNotFoundError):
 
 class CheckpointError(UserInputError, RuntimeError):
     """A checkpoint cannot be read safely or does not fit the model."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A readable checkpoint is of another model: another arch, family or task."""

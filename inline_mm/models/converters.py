@@ -8,7 +8,8 @@ and renames the final norm of Swin / CSwin to the norm of the last output
 dict passes through unchanged.
 """
 import re
-from typing import Callable, Dict
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
 
 from torch import Tensor
 
@@ -99,3 +100,80 @@ def convert(state_dict: StateDict, family: str | None = None) -> StateDict:
     if family not in CONVERTERS:
         raise CheckpointError(f'unknown family {family!r}: choose one of {", ".join(CONVERTERS)}')
     return CONVERTERS[family](state_dict)
+
+
+#: per family: the regex of a block's keys (groups: stage, block; DeiT has one stage)
+#: and the number of its first stage
+BLOCK_KEYS: Dict[str, Tuple[str, int]] = {
+    'pvt': (r'^block(\d+)\.(\d+)\.', 1),
+    'swin': (r'^layers\.(\d+)\.blocks\.(\d+)\.', 0),
+    'cswin': (r'^stage(\d+)\.(\d+)\.', 1),
+    'deit': (r'^()blocks\.(\d+)\.', 0),
+}
+
+#: the class each family's keys belong to
+FAMILY_CLASSES: Dict[str, str] = {'pvt': 'InLinePVT', 'swin': 'InLineSwin',
+                                  'cswin': 'InLineCSWin', 'deit': 'InLineDeiT'}
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The block structure of a state dict: what tells one arch from another.
+
+    ``kinds`` holds, per stage, one letter per block: ``'I'`` InLine (its
+    local branch ``residual`` is there), ``'S'`` softmax, ``'?'`` a block index
+    missing between others.  ``dims`` holds each stage's width (from the
+    blocks' ``norm1``), None where no block tells.
+    """
+
+    family: str
+    kinds: Tuple[str, ...]
+    dims: Tuple[Optional[int], ...]
+
+    @property
+    def depths(self) -> Tuple[int, ...]:
+        return tuple(len(k) for k in self.kinds)
+
+    def describe(self) -> str:
+        """``'depths 2-2-18-2, widths 128-256-512-1024, attention I I M2 S'``.
+
+        A stage is one letter when its blocks agree, ``M<k>`` when k InLine
+        blocks come before softmax ones (the reference's notation).
+        """
+        dims = '-'.join('?' if d is None else str(d) for d in self.dims)
+        kinds = []
+        for stage in self.kinds:
+            mixed = re.fullmatch(r'(I+)S+', stage)
+            kinds.append(stage[:1] if len(set(stage)) == 1 else
+                         f'M{len(mixed.group(1))}' if mixed else stage)
+        return (f"depths {'-'.join(map(str, self.depths))}, widths {dims}, "
+                f"attention {' '.join(kinds)}")
+
+
+def key_structure(state_dict: StateDict, family: str) -> Structure:
+    """The :class:`Structure` of ``state_dict`` read with ``family``'s key layout."""
+    pattern, first = BLOCK_KEYS[family]
+    blocks: Dict[Tuple[int, int], list] = {}
+    for key in state_dict:
+        match = re.match(pattern, key)
+        if match:
+            stage = int(match.group(1) or first) - first
+            blocks.setdefault((stage, int(match.group(2))), []).append(key)
+    num_stages = max((s for s, _ in blocks), default=-1) + 1
+    kinds, dims = [], []
+    for stage in range(num_stages):
+        depth = max((b for s, b in blocks if s == stage), default=-1) + 1
+        letters, dim = '', None
+        for b in range(depth):
+            keys = blocks.get((stage, b))
+            if keys is None:
+                letters += '?'
+                continue
+            # InLine blocks have the local branch (``residual``), softmax blocks do not
+            letters += 'I' if any('.residual.' in k for k in keys) else 'S'
+            norms = [k for k in keys if k.endswith('.norm1.weight')]
+            if dim is None and norms:
+                dim = int(state_dict[norms[0]].shape[0])
+        kinds.append(letters)
+        dims.append(dim)
+    return Structure(family, tuple(kinds), tuple(dims))

@@ -10,7 +10,9 @@
 The network runs in onnxruntime; loading, resizing and normalising the image
 and resizing the logits back are mmseg's own code from the same config, and
 the drawing is mmseg's visualizer (as ``tools/infer.py``), so the picture is
-the one PyTorch inference draws.  ``--compare-checkpoint CKPT`` (the checkpoint
+the one PyTorch inference draws.  A file that is not the config's whole
+segmentor (a backbone export, another config's classes) is refused before
+anything runs.  ``--compare-checkpoint CKPT`` (the checkpoint
 the file was exported from) also runs the PyTorch model and prints the share
 of pixels whose labels agree.
 """
@@ -22,7 +24,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 from inline_mm.engine.launch import cli_main  # noqa: E402
 from inline_mm.deploy.onnx_export import (DeployError, build_model,  # noqa: E402
-                                          onnx_session, require_onnx)
+                                          check_onnx_fits, onnx_session, require_onnx)
 
 
 def parse_args(argv=None):
@@ -50,6 +52,8 @@ def run(args) -> int:
         raise DeployError('infer_onnx.py runs segmentors; for detectors see '
                           'inline_mm.deploy.detector.predict_image')
     session = onnx_session(args.onnx, args.threads)
+    # a backbone export or another config's file would draw meaningless labels
+    check_onnx_fits(session, model, 'model', task, args.onnx, args.config)
     results = predict_images(model, session, args.images, args.threads)
     written = draw_images(model, cfg, args.images, results, args.out_dir, args.opacity)
     print(f'wrote {len(written)} image(s) to {args.out_dir}')

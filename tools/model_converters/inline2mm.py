@@ -7,18 +7,43 @@ The output holds ``{'state_dict': ..., 'meta': ...}`` with the plugin's keys
 (loadable by ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` and by
 mmengine's ``load_checkpoint``).  The input is read with ``weights_only=True``;
 an existing DST is never overwritten unless ``--overwrite`` is given, and the
-output is written to a temporary file first, then moved into place.
+output is written to a temporary file first, then moved into place.  The
+family is detected from the keys; a ``--family`` that contradicts them is
+refused before anything is written.
 """
 import argparse
 import os
 import sys
 import tempfile
+from typing import Optional
 
 import torch
 
-from inline_mm.checkpoint import extract_state_dict, load_checkpoint_file
+from inline_mm.checkpoint import extract_state_dict, load_checkpoint_file, looks_like
 from inline_mm.engine.launch import cli_main
-from inline_mm.models.converters import CONVERTERS, convert, detect_family
+from inline_mm.errors import CheckpointError, CheckpointMismatchError
+from inline_mm.models.converters import CONVERTERS, FAMILY_CLASSES, convert, detect_family
+
+
+def check_family(state_dict: dict, family: Optional[str], src: str) -> str:
+    """The family of ``state_dict``: detected from its keys; ``family`` must agree.
+
+    Raises:
+        CheckpointMismatchError: ``family`` contradicts the keys.
+        CheckpointError: no family given and the keys tell none.
+    """
+    try:
+        detected = detect_family(state_dict)
+    except CheckpointError:
+        if family is None:
+            raise
+        return family  # keys of no known layout: the user's word is all there is
+    if family is not None and family != detected:
+        raise CheckpointMismatchError(
+            f'--family {family} contradicts the keys of {src}: they are those of '
+            f'{looks_like(state_dict, detected) or FAMILY_CLASSES[detected]}; drop --family '
+            f'(it is detected) or pass --family {detected}')
+    return detected
 
 
 def main(argv=None) -> int:
@@ -35,7 +60,7 @@ def main(argv=None) -> int:
     if os.path.exists(args.dst) and not args.overwrite:
         parser.error(f'{args.dst} exists; pass --overwrite to replace it')
     state_dict = extract_state_dict(load_checkpoint_file(args.src), args.state_dict_key)
-    family = args.family or detect_family(state_dict)
+    family = check_family(state_dict, args.family, args.src)
     converted = convert(state_dict, family)
     out_dir = os.path.dirname(os.path.abspath(args.dst))
     os.makedirs(out_dir, exist_ok=True)
@@ -49,8 +74,10 @@ def main(argv=None) -> int:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
-    print(f'{family}: {len(state_dict)} tensors in, {len(converted)} written to {args.dst} '
-          f'({len(state_dict) - len(converted)} dropped: classifier head, regenerated buffers)')
+    look = looks_like(converted, family)
+    print(f'{family} ({look}): {len(state_dict)} tensors in, {len(converted)} written to '
+          f'{args.dst} ({len(state_dict) - len(converted)} dropped: classifier head, '
+          f'regenerated buffers)')
     return 0
 
 

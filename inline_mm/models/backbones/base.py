@@ -140,7 +140,8 @@ class InLineBackbone(BaseModule):
             mode; -1 freezes nothing.
         with_cp: gradient checkpointing of every block.
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads an authors'
-            or an OpenMMLab checkpoint (see :func:`inline_mm.checkpoint.load_pretrained`).
+            or an OpenMMLab checkpoint (see :func:`inline_mm.checkpoint.load_pretrained`;
+            ``strict=False`` loads what fits from a checkpoint of another arch).
     """
 
     num_stages: int = 4
@@ -247,7 +248,8 @@ class InLineBackbone(BaseModule):
         from ...checkpoint import load_pretrained
         try:
             load_pretrained(self, cfg['checkpoint'], state_dict_key=cfg.get('state_dict_key'),
-                            prefix=cfg.get('prefix'), logger=MMLogger.get_current_instance())
+                            prefix=cfg.get('prefix'), logger=MMLogger.get_current_instance(),
+                            strict=cfg.get('strict', True))
         except MissingFileError as err:
             raise MissingFileError(
                 f"{err}, named by init_cfg.checkpoint of {type(self).__name__}: download the "
