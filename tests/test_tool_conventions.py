@@ -1,6 +1,12 @@
-"""Conventions every tool shares: what the log says about mixed precision."""
+"""Conventions every tool shares: what the log says about mixed precision, one `error:`
+line for a file that is not a fitting checkpoint."""
 import os
+import subprocess
+import sys
 
+import cv2
+import numpy as np
+import pytest
 from mmengine.config import Config
 from mmengine.logging import MMLogger
 
@@ -18,3 +24,23 @@ def test_amp_says_in_the_log_what_it_turned_on(tmp_path):
     text = log.read_text()
     assert '--amp: bfloat16 autocast on the CPU for backbone and neck' in text
     assert '--amp: fp16 mixed precision on cuda (AmpOptimWrapper, loss scale dynamic)' in text
+
+
+def _tool(name, *args):
+    return subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'tools', name), *args],
+                          capture_output=True, text=True, cwd=REPO_ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS='1'), timeout=600)
+
+
+@pytest.mark.parametrize('content', [b'not a checkpoint\n', b'PK\x03\x04truncated'])
+def test_infer_refuses_a_file_that_is_not_a_checkpoint(tmp_path, content):
+    ckpt, image, out = tmp_path / 'model.pth', tmp_path / 'img.png', tmp_path / 'out'
+    ckpt.write_bytes(content)
+    cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
+    proc = _tool('infer.py', str(image), '--config', DET_CONFIG, '--checkpoint', str(ckpt),
+                 '--out-dir', str(out))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert 'Traceback' not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith('error: ') and str(ckpt) in line, line
+    assert not out.exists()

@@ -12,6 +12,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
+from inline_mm.checkpoint import check_checkpoint_fits  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
 from inline_mm.engine.launch import cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import draw_predictions, task_of  # noqa: E402
@@ -52,6 +53,9 @@ def main(argv=None) -> None:
         from mmdet.apis import init_detector as init_model
     else:
         from mmseg.apis import init_model
+    # refuse a checkpoint that is not a checkpoint, or not of this config's model, in one
+    # line (mmengine would load it with a warning and draw meaningless predictions)
+    check_checkpoint_fits(init_model(cfg, None, device='cpu'), args.checkpoint)
     model = init_model(cfg, args.checkpoint, device=args.device)
     if args.amp:
         enable_inference_autocast(model, task_of(cfg))
