@@ -194,8 +194,8 @@ def test_swin_windows_clip_and_shift_masks():
     # the window partition a shifted block sees: one (7, 7) window size, 6 windows
     calls = []
 
-    def spy(win, wsz, valid, bias):
-        calls.append((wsz, None if bias is None else bias.shape))
+    def spy(win, wsz, valid, bias):  # bias: the region bias in the dtype asked for
+        calls.append((wsz, None if bias is None else bias(torch.float32).shape))
         return win
 
     run_in_windows(torch.randn(1, 10, 16, 8), (7, 7), spy, shift=3)

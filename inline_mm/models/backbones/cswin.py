@@ -65,9 +65,11 @@ class LePEAttention(nn.Module):
         return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
     def _attend(self, q, k, v, window, valid, bias):
-        out = softmax_attention(self._heads(q), self._heads(k), self._heads(v), self.scale,
-                                mask=bias, attn_drop=self.attn_drop)
-        b, n, c = q.shape
+        q, k, v_heads = self._heads(q), self._heads(k), self._heads(v)
+        out = softmax_attention(q, k, v_heads, self.scale,
+                                mask=None if bias is None else bias(q.dtype),
+                                dropout_p=self.attn_drop.p if self.training else 0.)
+        b, n, c = v.shape
         return out.transpose(1, 2).reshape(b, n, c) + apply_lepe(self.get_v, v, window, valid)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, hw: Tuple[int, int]) -> Tensor:

@@ -32,7 +32,8 @@ class InLineSwin(InLineBackbone):
     are not shifted.  Softmax blocks keep Swin's ``window_size`` windows
     (``max(7, 56 // 8) = 7`` in the reference) with a relative position bias,
     shifted by half a window every second block.  Windows clip to the feature
-    map; padding to window multiples is masked out.
+    map; padding to window multiples is masked out.  A non-square window
+    ``(wh, ww)`` shifts by ``(wh // 2, ww // 2)``.
 
     Args:
         arch: ``tiny | small | base`` or a dict of the arguments below.
@@ -79,6 +80,8 @@ class InLineSwin(InLineBackbone):
         block_types = parse_attn_type(cfg['attn_type'], self.depths, 'ISM', 'InLineSwin')
         softmax_window = (window_size, window_size) if isinstance(window_size, int) \
             else tuple(window_size)
+        # half a window along each axis (Swin's shift, per axis for a non-square window)
+        shift = (softmax_window[0] // 2, softmax_window[1] // 2)
         auto = [(pretrain_img_size // (4 * 2 ** i),) * 2 for i in range(self.num_stages)]
         inline_windows = per_stage_windows(inline_window, auto, 'inline_window')
         self.patch_embed = PatchEmbed(in_channels, dims[0], 4, norm_eps=1e-5)
@@ -93,7 +96,7 @@ class InLineSwin(InLineBackbone):
                 blocks.append(TransformerBlock(
                     dims[i], cfg['num_heads'][i], mlp_ratio, attn_type=kind,
                     window=inline_windows[i] if kind == 'I' else softmax_window,
-                    shift=0 if j % 2 == 0 else softmax_window[0] // 2,
+                    shift=(0, 0) if j % 2 == 0 else shift,
                     table_window=softmax_window, qkv_bias=qkv_bias, kernel_func=kernel_func,
                     drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[cur + j],
                     norm_eps=1e-5))

@@ -1,15 +1,28 @@
 """Building blocks shared by the four families: patch embedding, merging, blocks."""
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
 from timm.layers import DropPath, Mlp
 from torch import Tensor
 
+from . import symbolic
 from .inline_attention import InLineAttention, grid_to_tokens
 from .softmax_attention import WindowAttention
 from .windows import Window, pad_image, pad_to_multiple, run_in_windows
 from ...errors import ConfigError
+
+
+def _chunk_on(x: Tensor) -> bool:
+    """Whether :class:`TokenMlp` may split ``x`` into token chunks.
+
+    Only CPU tensors in eager mode: the gain (hidden activations that stay in
+    the CPU's cache) was measured on CPUs only, a GPU runs one large matmul
+    best, and in a recorded graph (``torch.jit`` tracing for FLOP counts,
+    ONNX export, ``torch.compile``) a loop over a size would freeze it.
+    """
+    return (x.device.type == 'cpu' and not torch.jit.is_tracing()
+            and not symbolic.in_graph())
 
 
 class TokenMlp(Mlp):
@@ -21,7 +34,8 @@ class TokenMlp(Mlp):
     (InLine-PVT's first stage: 67k tokens x 512 hidden channels at 1333x800)
     this keeps the hidden tensor in cache instead of streaming hundreds of MB
     through memory twice, and lowers the peak memory of a forward pass.  The
-    result is the same per token; training (autograd on) takes timm's path.
+    result is the same per token; training (autograd on), tensors on other
+    devices than the CPU and recorded graphs take timm's path (:func:`_chunk_on`).
     """
 
     #: Tokens per chunk: 4096 x 512 fp32 hidden values = 8 MB.
@@ -29,8 +43,8 @@ class TokenMlp(Mlp):
 
     def forward(self, x: Tensor) -> Tensor:
         num_tokens = x.numel() // x.shape[-1]
-        if (self.training or torch.is_grad_enabled() or torch.jit.is_tracing()
-                or num_tokens <= 2 * self.chunk_tokens):  # traced: no size-dependent loop
+        if (self.training or torch.is_grad_enabled() or num_tokens <= 2 * self.chunk_tokens
+                or not _chunk_on(x)):
             return super().forward(x)
         tokens = x.reshape(num_tokens, x.shape[-1])
         out = None
@@ -91,7 +105,7 @@ class TransformerBlock(nn.Module):
     Attention runs in windows of the token grid (:func:`run_in_windows`);
     ``window=(None, None)`` is global.  InLine windows are never shifted (a
     shifted InLine window would mix wrapped-around borders); softmax windows
-    take ``shift``.
+    take ``shift`` (an int or ``(sh, sw)``, in tokens per axis).
 
     Args:
         dim, num_heads, mlp_ratio: block width, heads and MLP expansion.
@@ -107,7 +121,7 @@ class TransformerBlock(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4., attn_type: str = 'I',
-                 window: Window = (None, None), shift: int = 0,
+                 window: Window = (None, None), shift: Union[int, Tuple[int, int]] = 0,
                  table_window: Optional[Tuple[int, int]] = None, qkv_bias: bool = True,
                  kernel_func: str = 'identity', separate_q: bool = False,
                  num_prefix_tokens: int = 0, drop: float = 0., drop_path: float = 0.,

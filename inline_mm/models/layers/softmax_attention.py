@@ -4,53 +4,75 @@
 bias table.  The table is sized for ``table_window`` (the window the weights
 were trained with); a window clipped to a small feature map indexes the
 centre of the same table, so no value is invented.
+
+Both families' softmax blocks (this one and CSwin's stripes) run
+:func:`softmax_attention`: ``F.scaled_dot_product_attention`` with the
+position bias and the region bias of the windows in one additive mask.
 """
-from functools import lru_cache
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor
 
 from . import symbolic
+from .cache import CACHE
 
 
-@lru_cache(maxsize=128)
-def relative_position_index(window: Tuple[int, int], table_window: Tuple[int, int]) -> Tensor:
-    """Index of every (query, key) pair of ``window`` into a ``table_window`` table.
+def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
+                        dropout_p: float, scale: float) -> Tensor:
+    """``softmax(s q k^T + attn_mask) v`` written out (what a jit trace records)."""
+    attn = torch.matmul(q * scale, k.transpose(-2, -1))
+    if attn_mask is not None:
+        attn = attn + attn_mask
+    attn = attn.softmax(dim=-1)
+    if dropout_p:
+        attn = F.dropout(attn, dropout_p)
+    return torch.matmul(attn, v)
 
-    Returns:
-        ``(wh * ww, wh * ww)`` long tensor into ``(2 Th - 1) * (2 Tw - 1)`` rows.
-    """
-    with torch.inference_mode(False):  # cached: must stay usable by autograd later
-        coords = torch.stack(torch.meshgrid(torch.arange(window[0]), torch.arange(window[1]),
-                                            indexing='ij')).flatten(1)
-        rel = coords[:, :, None] - coords[:, None, :]
-        rel[0] += table_window[0] - 1
-        rel[1] += table_window[1] - 1
-        return rel[0] * (2 * table_window[1] - 1) + rel[1]
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
+            scale: float) -> Tensor:
+    if torch.jit.is_tracing():
+        # A jit trace (mmengine's FLOP counter, ONNX export) records the matmuls: the
+        # counter has no rule for the fused operator and would count it as 0 FLOPs.
+        return _explicit_attention(q, k, v, attn_mask, dropout_p, scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, scale=scale)
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
                       bias: Optional[Tensor] = None, mask: Optional[Tensor] = None,
-                      attn_drop: Optional[nn.Module] = None) -> Tensor:
-    """``softmax(s q k^T + bias + mask) v`` for ``(B', heads, N, d)`` windows.
+                      dropout_p: float = 0.) -> Tensor:
+    """``softmax(s q k^T + bias + mask) v`` for ``(B * nW, heads, N, d)`` windows.
 
-    ``bias`` is ``(heads, N, N)`` (shared by all windows); ``mask`` is the
-    ``(nW, N, N)`` region mask of :func:`window_masks`, repeated over the batch.
+    Runs ``F.scaled_dot_product_attention`` (the explicit matmuls while a jit
+    trace records the graph).  ``bias`` is ``(heads, N, N)`` (shared by all
+    windows); ``mask`` is the ``(nW, N, N)`` or ``(nW, 1, N)`` region bias of
+    :func:`~.windows.region_bias`, the same for every image of the batch.  The
+    two are added into one additive mask of ``nW * heads`` rows and the windows
+    of an image are folded into the head axis, so that the mask broadcasts over
+    the batch only: the 4-D form the fused CPU / CUDA kernels take.  Without
+    bias and mask no mask is passed at all, so that CUDA can pick its flash
+    kernel.
     """
-    attn = torch.matmul(q * scale, k.transpose(-2, -1))
+    if mask is None:
+        attn_mask = None if bias is None else bias.to(q.dtype).unsqueeze(0)
+        return _attend(q, k, v, attn_mask, dropout_p, scale)
+    nw, heads, n = mask.shape[0], q.shape[1], q.shape[2]
+    attn_mask = mask.to(q.dtype).unsqueeze(1)  # (nW, 1, N | 1, N)
     if bias is not None:
-        attn = attn + bias.unsqueeze(0)
-    if mask is not None:
-        nw, n = mask.shape[0], attn.shape[-1]
-        attn = attn.view(-1, nw, attn.shape[1], n, n) + mask[None, :, None].to(attn.dtype)
-        attn = attn.view(-1, attn.shape[2], n, n)
-    attn = attn.softmax(dim=-1)
-    if attn_drop is not None:
-        attn = attn_drop(attn)
-    return torch.matmul(attn, v)
+        attn_mask = attn_mask + bias.to(q.dtype)
+    else:
+        attn_mask = attn_mask.expand(nw, heads, attn_mask.shape[2], n)
+    attn_mask = attn_mask.reshape(1, nw * heads, attn_mask.shape[2], n)
+
+    def fold(t: Tensor) -> Tensor:  # (B * nW, heads, N, d) -> (B, nW * heads, N, d)
+        return t.reshape(-1, nw * heads, n, t.shape[-1])
+
+    out = _attend(fold(q), fold(k), fold(v), attn_mask, dropout_p, scale)
+    return out.reshape(q.shape[0], heads, n, v.shape[-1])
 
 
 class WindowAttention(nn.Module):
@@ -78,9 +100,8 @@ class WindowAttention(nn.Module):
         trunc_normal_(self.relative_position_bias_table, std=.02)
         # the index of the full window: a buffer, so it lives on the model's device
         # (not saved: checkpoints carry none, the converters drop the authors')
-        self.register_buffer('relative_position_index', relative_position_index(
-            self.table_window, self.table_window).clone(), persistent=False)
-        self._clipped_index: Dict[tuple, Tensor] = {}
+        self.register_buffer('relative_position_index', symbolic.relative_position_index(
+            self.table_window, self.table_window, torch.device('cpu')), persistent=False)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
@@ -90,35 +111,32 @@ class WindowAttention(nn.Module):
         """The relative position index of ``window``, on the table's device.
 
         Windows clipped to a small feature map index the centre of the same
-        table; their indices are made once per window size and device.
+        table; their indices are kept in the shared byte-bounded cache, per
+        window, table size and device (built in the graph when one is recorded).
         """
-        if window == self.table_window:
+        if not symbolic.is_tracing() and tuple(window) == self.table_window:
             return self.relative_position_index
-        device = self.relative_position_index.device
-        key = (window, device)
-        index = self._clipped_index.get(key)
-        if index is None:
-            with torch.inference_mode(False):  # cached: must stay usable by autograd
-                index = relative_position_index(window, self.table_window).to(device)
-            self._clipped_index[key] = index
-        return index
+        device = self.relative_position_bias_table.device
+        return CACHE.get(('rel_index', tuple(window), self.table_window, str(device)),
+                         lambda: symbolic.relative_position_index(window, self.table_window,
+                                                                  device))
 
     def position_bias(self, window: Tuple[int, int]) -> Tensor:
-        if symbolic.is_tracing():  # the window may be a size tensor: index in the graph
-            index = symbolic.relative_position_index(
-                window, self.table_window, self.relative_position_bias_table.device)
-        else:
-            index = self._index(tuple(window))
+        """The ``(heads, N, N)`` relative position bias of ``window``."""
         n = window[0] * window[1]
-        bias = self.relative_position_bias_table[index.view(-1)]
+        bias = self.relative_position_bias_table[self._index(window).view(-1)]
         return bias.view(n, n, -1).permute(2, 0, 1)
 
     def forward(self, x: Tensor, window: Tuple[int, int], mask: Optional[Tensor] = None
                 ) -> Tensor:
-        """``x``: ``(B * nW, wh * ww, C)`` window tokens; ``mask``: ``(nW, N, N)`` or None."""
+        """``x``: ``(B * nW, wh * ww, C)`` window tokens; ``mask``: the region bias
+        ``(nW, N, N)`` / ``(nW, 1, N)`` or None, or a function of the scores' dtype
+        that returns it (:data:`~.windows.RegionBias`)."""
         b, n, c = x.shape
         qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        attn = softmax_attention(qkv[0], qkv[1], qkv[2], self.scale,
-                                 self.position_bias(window), mask, self.attn_drop)
+        if callable(mask):
+            mask = mask(qkv.dtype)
+        attn = softmax_attention(qkv[0], qkv[1], qkv[2], self.scale, self.position_bias(window),
+                                 mask, self.attn_drop.p if self.training else 0.)
         out = attn.transpose(1, 2).reshape(b, n, c)
         return self.proj_drop(self.proj(out))

@@ -1,20 +1,24 @@
-"""Size arithmetic that stays symbolic while a graph is traced (ONNX export).
+"""Size arithmetic and mask builders that stay in the graph (ONNX export, torch.compile).
 
 In eager mode the windowing code works on Python ints: it branches on sizes
 (pad or not, clip a window or not, shift or not) and caches masks, relative
 position indices and resized position tables per size.  While the TorchScript
 tracer records a graph, ``x.shape`` yields 0-dim tensors whose arithmetic is
 recorded, but a Python branch or a cache lookup on them freezes the traced
-size into the graph.  The functions here are the branch-free, cache-free
-versions used under tracing: they compute the same values from size tensors,
-in the graph, so one exported graph holds for every input size.  Eager code
-never calls them.
+size into the graph; under ``torch.compile`` a cache lookup makes dynamo guard
+on the cache itself, so every new entry recompiles.  The functions here are
+branch-free and cache-free: they compute the values from sizes (ints, size
+tensors or dynamo's symbolic ints) with ``arange`` arithmetic, in the graph.
+The eager code builds its cache entries with the same functions, so each
+mask and index has one implementation.
 """
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .partition import MASK_VALUE, window_partition
 
 #: A size that is a Python int (static) or a 0-dim int64 tensor (traced).
 Size = Union[int, Tensor]
@@ -27,6 +31,23 @@ def is_tracing() -> bool:
     eager code, so they see the same operations as a real forward.
     """
     return torch.onnx.is_in_onnx_export()
+
+
+_compiler = getattr(torch, 'compiler', None)
+if hasattr(_compiler, 'is_compiling'):  # torch >= 2.3
+    _is_compiling = _compiler.is_compiling
+else:  # torch 2.1 / 2.2 have only dynamo's own flag
+    from torch._dynamo import is_compiling as _is_compiling
+
+
+def is_compiling() -> bool:
+    """True while ``torch.compile`` (dynamo) traces the forward."""
+    return _is_compiling()
+
+
+def in_graph() -> bool:
+    """True while a graph is recorded (``torch.compile`` or ONNX export): no caches then."""
+    return is_compiling() or is_tracing()
 
 
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],
@@ -74,17 +95,16 @@ def _axis_bands(size: Size, window: Size, shift: Size, device: torch.device) -> 
     return (idx >= size - window).long() + (idx >= size - shift).long()
 
 
-def window_masks(hw: Tuple[Size, Size], window: Tuple[Size, Size], shift: Tuple[Size, Size],
-                 device: torch.device, need_bias: bool = True
-                 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """Traced :func:`~inline_mm.models.layers.windows.window_masks`, built in the graph.
+def window_labels(hw: Tuple[Size, Size], window: Tuple[Size, Size],
+                  shift: Tuple[Size, Size], device: torch.device) -> Tensor:
+    """Region id of every token of the padded, rolled map, in windows: ``(nW, wh * ww)``.
 
-    ``valid`` is always returned (all True when nothing is padded: InLine then
-    averages over every token, as without a mask).  Without a shift the bias
-    is ``(nW, 1, N)`` and masks padded keys only: for every real query this is
-    the eager ``(nW, N, N)`` region bias, and padded queries are cropped away.
+    Labels are laid out as the attention sees them, after the cyclic roll by
+    ``-shift``.  Real tokens get the id of their shifted-window region (Swin's
+    split of the rolled map into the last window-sized band and the last
+    shift-sized band, per axis); padded tokens get -1, so they never share a
+    region with a real token.
     """
-    from .windows import MASK_VALUE, window_partition
     h, w = hw
     wh, ww = window
     hp, wp = h + (-h) % wh, w + (-w) % ww
@@ -97,20 +117,30 @@ def window_masks(hw: Tuple[Size, Size], window: Tuple[Size, Size], shift: Tuple[
         labels = (_axis_bands(hp, wh, shift[0], device)[:, None] * 3
                   + _axis_bands(wp, ww, shift[1], device)[None, :])
     labels = torch.where(real, labels, torch.full_like(labels, -1))
-    labels = window_partition(labels.view(1, hp, wp, 1), (wh, ww)).squeeze(-1)
-    valid = labels >= 0
-    if not need_bias:
-        return valid, None
-    if has_shift(shift):
-        bias = (labels.unsqueeze(1) != labels.unsqueeze(2)).float() * MASK_VALUE
-    else:
-        bias = (~valid).float().unsqueeze(1) * MASK_VALUE
-    return valid, bias
+    return window_partition(labels.view(1, hp, wp, 1), (wh, ww)).squeeze(-1)
+
+
+def region_bias(labels: Tensor, shifted: bool, dtype: torch.dtype) -> Tensor:
+    """The additive attention bias that keeps regions apart, from :func:`window_labels`.
+
+    Shifted windows: ``(nW, N, N)``, ``MASK_VALUE`` between tokens of different
+    regions.  Without a shift the only regions are real and padded tokens: the
+    bias is ``(nW, 1, N)`` and masks padded keys, which for every real query is
+    the full bias (padded queries are cropped away).  Built in ``dtype``, the
+    dtype of the scores it is added to.
+    """
+    if shifted:
+        return (labels.unsqueeze(1) != labels.unsqueeze(2)).to(dtype) * MASK_VALUE
+    return (labels < 0).to(dtype).unsqueeze(1) * MASK_VALUE
 
 
 def relative_position_index(window: Tuple[Size, Size], table_window: Tuple[int, int],
                             device: torch.device) -> Tensor:
-    """Traced :func:`~inline_mm.models.layers.softmax_attention.relative_position_index`."""
+    """Index of every (query, key) pair of ``window`` into a ``table_window`` bias table.
+
+    Returns:
+        ``(wh * ww, wh * ww)`` long tensor into ``(2 Th - 1) * (2 Tw - 1)`` rows.
+    """
     rows = torch.arange(window[0], device=device)
     cols = torch.arange(window[1], device=device)
     coords = torch.stack(torch.meshgrid(rows, cols, indexing='ij')).flatten(1)

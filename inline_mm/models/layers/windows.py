@@ -5,23 +5,27 @@ place means "the whole feature map along that axis".  ``(None, None)`` is global
 attention, ``(None, s)`` a vertical CSWin stripe of width ``s``.  Windows are
 clipped to the feature map, the map is zero-padded at the bottom / right to a
 multiple of the window, and the masks that keep padded tokens out of the
-attention are built for the actual padded size and cached per size.
+attention are built for the actual padded size and kept in the byte-bounded
+cache of :mod:`.cache` (per size, device and dtype).
 """
-from functools import lru_cache
-from typing import Callable, Optional, Tuple
+from functools import partial
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from . import symbolic
+from .cache import CACHE
+from .partition import MASK_VALUE, window_partition, window_reverse
 
 from ...errors import ConfigError
 
-Window = Tuple[Optional[int], Optional[int]]
+__all__ = ['MASK_VALUE', 'Window', 'clip_window', 'pad_image', 'pad_to_multiple',
+           'region_bias', 'run_in_windows', 'to_window', 'valid_mask', 'window_partition',
+           'window_reverse']
 
-# Additive bias between tokens of different regions (the value used by Swin).
-MASK_VALUE = -100.0
+Window = Tuple[Optional[int], Optional[int]]
 
 
 def to_window(window: int | Tuple[Optional[int], Optional[int]] | None) -> Window:
@@ -71,100 +75,47 @@ def pad_image(x: Tensor, multiple: int) -> Tensor:
     return x
 
 
-def window_partition(x: Tensor, window: Tuple[int, int]) -> Tensor:
-    """``(B, H, W, C)`` with H, W multiples of the window -> ``(B * nW, wh * ww, C)``."""
-    b, h, w, c = x.shape
-    wh, ww = window
-    x = x.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, wh * ww, c)
+def valid_mask(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int, int],
+               device: torch.device) -> Optional[Tensor]:
+    """``(nW, N)`` bool, True on the real tokens of the windows over the padded, rolled map.
 
-
-def window_reverse(windows: Tensor, window: Tuple[int, int], hw: Tuple[int, int]) -> Tensor:
-    """Inverse of :func:`window_partition`: ``(B * nW, wh * ww, C)`` -> ``(B, H, W, C)``."""
-    wh, ww = window
-    h, w = hw
-    c = windows.shape[-1]
-    x = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, h, w, c)
-
-
-@lru_cache(maxsize=256)
-def _region_labels(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int, int]
-                   ) -> Tensor:
-    """Region id of every token of the padded, rolled map, in windows: ``(nW, wh * ww)``.
-
-    Labels are laid out as the attention sees them, after the cyclic roll.
-    Real tokens get the id of their shifted-window region (Swin's split of the
-    rolled map into the last window-sized band and the last shift-sized band);
-    padded tokens get -1, so they never share a region with a real token.
-    """
-    h, w = hw
-    wh, ww = window
-    hp, wp = h + (-h) % wh, w + (-w) % ww
-    labels = torch.zeros(hp, wp, dtype=torch.long)
-    for axis, (size, s, extent) in enumerate(((hp, shift[0], wh), (wp, shift[1], ww))):
-        if s == 0:
-            continue
-        band = torch.zeros(size, dtype=torch.long)
-        band[size - extent:size - s] = 1
-        band[size - s:] = 2
-        labels = labels * 3 + (band.view(-1, 1) if axis == 0 else band.view(1, -1))
-    padding = torch.ones(hp, wp, dtype=torch.bool)
-    padding[:h, :w] = False
-    padding = torch.roll(padding, shifts=(-shift[0], -shift[1]), dims=(0, 1))
-    labels[padding] = -1
-    return window_partition(labels.view(1, hp, wp, 1), window).squeeze(-1)
-
-
-_MASK_CACHE: dict = {}
-
-
-def window_masks(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int, int],
-                 device: torch.device, need_bias: bool = True
-                 ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """Masks for windows over an ``hw`` map padded to the window multiple.
-
-    Returns:
-        (valid, bias): ``valid`` is ``(nW, N)`` bool, True on real tokens (None
-        when nothing is padded); ``bias`` is the ``(nW, N, N)`` additive
-        attention bias that separates regions (padding, shifted borders), None
-        when there is nothing to separate or ``need_bias`` is False (InLine
-        attention needs ``valid`` only: no ``N x N`` tensor is built for it).
-        Cached per size and device.  Under tracing, built in the graph instead
-        (:func:`symbolic.window_masks`).
+    None when nothing is padded (outside a recorded graph: under ONNX tracing
+    the sizes are unknown, so the mask is always built).
     """
     if symbolic.is_tracing():
-        return symbolic.window_masks(hw, window, shift, device, need_bias)
-    key = (hw, window, shift, str(device), need_bias)
-    cached = _MASK_CACHE.get(key)
-    if cached is not None:
-        return cached
-    h, w = hw
-    padded = (h % window[0]) != 0 or (w % window[1]) != 0
-    if not padded and shift == (0, 0):
-        result = (None, None)
-    else:
-        # Built outside inference mode: a mask cached during inference is reused
-        # in training, where inference tensors cannot enter autograd.
-        with torch.inference_mode(False):
-            labels = _region_labels(hw, window, shift)
-            valid = (labels >= 0).to(device) if padded else None
-            bias = None
-            if need_bias:
-                bias = ((labels.unsqueeze(1) != labels.unsqueeze(2)).float()
-                        * MASK_VALUE).to(device)
-        result = (valid, bias)
-    if len(_MASK_CACHE) > 512:
-        _MASK_CACHE.clear()
-    _MASK_CACHE[key] = result
-    return result
+        return symbolic.window_labels(hw, window, shift, device) >= 0
+    if hw[0] % window[0] == 0 and hw[1] % window[1] == 0:
+        return None
+    return CACHE.get(('valid', hw, window, shift, str(device)), lambda: symbolic.window_labels(
+        hw, window, shift, device) >= 0)
 
 
-WindowFn = Callable[[Tensor, Tuple[int, int], Optional[Tensor], Optional[Tensor]], Tensor]
+def region_bias(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int, int],
+                device: torch.device, dtype: torch.dtype) -> Tensor:
+    """The additive bias that keeps regions (padding, shifted borders) apart.
+
+    ``(nW, N, N)`` for shifted windows, ``(nW, 1, N)`` otherwise (padded keys
+    only), in ``dtype``: see :func:`symbolic.region_bias`.  Cached per size,
+    device and dtype; built in the graph under tracing / ``torch.compile``.
+    """
+    shifted = symbolic.has_shift(shift)
+
+    def build() -> Tensor:
+        return symbolic.region_bias(symbolic.window_labels(hw, window, shift, device),
+                                    shifted, dtype)
+
+    return CACHE.get(('bias', hw, window, shift, str(device), dtype), build)
 
 
-def run_in_windows(x: Tensor, window: Window, fn: WindowFn, shift: int = 0,
-                   need_bias: bool = True) -> Tensor:
+#: ``region_bias`` with everything but the dtype bound: the attention calls it with
+#: the dtype of its scores.
+RegionBias = Callable[[torch.dtype], Tensor]
+
+WindowFn = Callable[[Tensor, Tuple[int, int], Optional[Tensor], Optional[RegionBias]], Tensor]
+
+
+def run_in_windows(x: Tensor, window: Window, fn: WindowFn,
+                   shift: Union[int, Tuple[int, int]] = 0, need_bias: bool = True) -> Tensor:
     """Apply ``fn`` to every (shifted) window of a ``(B, H, W, C)`` map.
 
     The map is padded to a multiple of the clipped window, optionally rolled by
@@ -175,15 +126,20 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn, shift: int = 0,
         window: see :func:`to_window`.
         fn: called as ``fn(windows, (wh, ww), valid, bias)`` with windows
             ``(B * nW, wh * ww, C)``, ``valid`` ``(B * nW, N)`` or None and
-            ``bias`` ``(nW, N, N)`` or None; returns ``(B * nW, wh * ww, C')``.
-        shift: cyclic shift (Swin's shifted windows); dropped along an axis a
-            window covers.
-        need_bias: build the ``(nW, N, N)`` region bias (softmax attention);
-            InLine attention passes False and gets ``bias=None``.
+            ``bias`` None (nothing to separate) or a function of a dtype that
+            returns the region bias of :func:`region_bias` in that dtype
+            (``(nW, N, N)`` or ``(nW, 1, N)``); returns ``(B * nW, wh * ww, C')``.
+        shift: cyclic shift (Swin's shifted windows), an int or one per axis
+            ``(sh, sw)``; dropped along an axis a window covers.
+        need_bias: pass the region bias (softmax attention); InLine attention
+            passes False and gets ``bias=None``.
     """
     b, h, w, _ = x.shape
     win, sft = clip_window(window, (h, w), shift)
-    valid, bias = window_masks((h, w), win, sft, x.device, need_bias)
+    valid = valid_mask((h, w), win, sft, x.device)
+    bias = None
+    if need_bias and (valid is not None or symbolic.has_shift(sft)):
+        bias = partial(region_bias, (h, w), win, sft, x.device)
     x = pad_to_multiple(x, win)
     hp, wp = x.shape[1:3]
     if symbolic.is_tracing():
@@ -203,7 +159,7 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn, shift: int = 0,
 
 
 def _run_traced(x: Tensor, hw: tuple, win: tuple, sft: tuple, valid: Optional[Tensor],
-                bias: Optional[Tensor], fn: WindowFn) -> Tensor:
+                bias: Optional[RegionBias], fn: WindowFn) -> Tensor:
     """:func:`run_in_windows` after padding, without size branches (sizes are tensors)."""
     b, hp, wp = x.shape[:3]
     shifted = symbolic.has_shift(sft)

@@ -1,0 +1,29 @@
+"""Window partitioning shared by the eager and the in-graph (traced / compiled) code.
+
+Kept apart from :mod:`.windows` so that :mod:`.symbolic` (which builds masks in
+the graph) and :mod:`.windows` (which calls those builders) import it without
+importing each other.
+"""
+from typing import Tuple
+
+from torch import Tensor
+
+#: Additive bias between tokens of different regions (the value used by Swin).
+MASK_VALUE = -100.0
+
+
+def window_partition(x: Tensor, window: Tuple[int, int]) -> Tensor:
+    """``(B, H, W, C)`` with H, W multiples of the window -> ``(B * nW, wh * ww, C)``."""
+    b, h, w, c = x.shape
+    wh, ww = window
+    x = x.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, wh * ww, c)
+
+
+def window_reverse(windows: Tensor, window: Tuple[int, int], hw: Tuple[int, int]) -> Tensor:
+    """Inverse of :func:`window_partition`: ``(B * nW, wh * ww, C)`` -> ``(B, H, W, C)``."""
+    wh, ww = window
+    h, w = hw
+    c = windows.shape[-1]
+    x = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, h, w, c)
