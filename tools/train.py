@@ -7,8 +7,8 @@
 
 The task (detection or segmentation) comes from the config's default_scope.
 Before anything is built or written, the data folders and the dataset classes
-are checked against the config; an error in the input prints one line and
-exits with status 2.
+are checked against the config (once, on process 0 of a multi-process job); an
+error in the input prints one line and every process exits with status 2.
 """
 import argparse
 import os.path as osp

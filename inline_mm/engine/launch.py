@@ -6,10 +6,11 @@ Every tool that runs a model through mmengine's ``Runner`` (``tools/train.py``,
 1. :func:`load_config`: read the config, apply ``--cfg-options`` (refusing a
    key whose parent does not exist or that looks like a typo of an existing
    one), set the launcher;
-2. :func:`run_with_runner`: check the data folders and the dataset classes
-   against the config (before anything is built or written), set up the
-   process group (gloo on CPU machines), build the Runner, run the action,
-   and tear the process group down whatever happens.
+2. :func:`run_with_runner`: set up the process group (gloo on CPU machines),
+   check the data folders and the dataset classes against the config on
+   process 0 (before anything is built or written; every process stops with
+   its verdict), build the Runner, run the action, and tear the process group
+   down whatever happens.
 
 :func:`cli_main` wraps a tool's ``main``: an error in the user's input (a
 :class:`~inline_mm.errors.UserInputError`: missing data folder, annotation or
@@ -116,9 +117,32 @@ def set_local_rank(local_rank: int) -> None:
     os.environ.setdefault('LOCAL_RANK', str(local_rank))
 
 
+def init_process_group(cfg: Config, launcher: str) -> None:
+    """Start the process group now, as mmengine's Runner would later (no-op without a launcher).
+
+    The dataset checks run before the Runner exists and send their verdict
+    to the other processes; the Runner then finds the group initialised and
+    keeps it.  CPU-only runs and torchrun restarts are set up by
+    :func:`~inline_mm.engine.dist.prepare_distributed`; otherwise this does what
+    ``Runner.setup_env`` does: the multi-processing settings, then ``init_dist``
+    with ``env_cfg.dist_cfg``.
+    """
+    import torch.distributed as dist
+    from mmengine.dist import init_dist
+    from mmengine.utils.dl_utils import set_multi_processing
+
+    from .dist import prepare_distributed
+    prepare_distributed(cfg, launcher)
+    if launcher == 'none' or dist.is_initialized():
+        return
+    env_cfg = cfg.get('env_cfg') or {}
+    set_multi_processing(**(env_cfg.get('mp_cfg') or {}), distributed=True)
+    init_dist(launcher, **(env_cfg.get('dist_cfg') or {}))
+
+
 def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
                     action: Callable[[Any], T], check_data: bool = True) -> T:
-    """Check the data, set up distributed processes, build the Runner, run ``action``.
+    """Set up distributed processes, check the data, build the Runner, run ``action``.
 
     Args:
         cfg: the full config (``work_dir`` set).
@@ -126,20 +150,21 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         loaders: the dataloaders whose datasets are checked before anything is
             built (e.g. ``('train_dataloader', 'val_dataloader')``).
         action: called with the Runner, e.g. ``lambda r: r.train()``.
-        check_data: run :func:`~inline_mm.engine.runner_utils.check_datasets`.
+        check_data: run :func:`~inline_mm.engine.data_checks.check_datasets`
+            (on process 0 of a multi-process job, its verdict shared).
 
     Returns:
         What ``action`` returns.
     """
     from mmengine.runner import Runner
 
-    from .dist import finish_distributed, lost_peer_message, prepare_distributed
-    from .runner_utils import check_datasets
-    if check_data:
-        check_datasets(cfg, loaders)
-    prepare_distributed(cfg, launcher)
+    from .data_checks import check_datasets_once
+    from .dist import finish_distributed, lost_peer_message
+    init_process_group(cfg, launcher)
     finished = False
     try:
+        if check_data:
+            check_datasets_once(cfg, loaders)
         runner = Runner.from_cfg(cfg)
         result = action(runner)
         finished = True

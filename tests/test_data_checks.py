@@ -1,0 +1,255 @@
+"""The tools' dataset checks: one parse per annotation file, run on process 0 only.
+
+The multi-process tests run ``tools/train.py`` under ``torch.distributed.run``
+through a small driver (written by the test) that counts, per process, which
+annotation files are opened and which the checks summarise, by wrapping
+``open`` and :func:`inline_mm.engine.data_checks.read_coco_summary` before it
+runs the tool as ``__main__``.
+"""
+import builtins
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT, TOY_DET_CONFIG, free_port, tool_env, toy_det_options
+from mmengine.config import Config
+
+from inline_mm.datasets import make_coco_toy
+from inline_mm.engine import data_checks
+from inline_mm.errors import DataError
+
+FULL_CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py')
+BENCHMARK = os.path.join(REPO_ROOT, 'tools', 'analysis', 'benchmark_startup.py')
+
+
+def toy_config(root: str) -> Config:
+    """The toy detector on ``root``: val and test name the same annotation file."""
+    cfg = Config.fromfile(TOY_DET_CONFIG)
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.data_root = root + '/'
+    return cfg
+
+
+@pytest.fixture()
+def count_opens(monkeypatch):
+    """Every ``.json`` file opened while the test runs, in order."""
+    opened = []
+    real_open = builtins.open
+
+    def counting_open(file, *args, **kwargs):
+        if str(file).endswith('.json'):
+            opened.append(os.path.abspath(str(file)))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, 'open', counting_open)
+    return opened
+
+
+def test_each_annotation_file_is_read_once(toy_root, count_opens):
+    cfg = toy_config(toy_root)
+    ann = os.path.join(toy_root, 'annotations')
+    # the independent expectation: the distinct files the three loaders name
+    named = {os.path.abspath(os.path.join(cfg[f'{s}_dataloader'].dataset.data_root,
+                                          cfg[f'{s}_dataloader'].dataset.ann_file))
+             for s in ('train', 'val', 'test')}
+    assert named == {os.path.join(ann, 'instances_train.json'),
+                     os.path.join(ann, 'instances_val.json')}
+    data_checks.check_datasets(cfg)
+    assert sorted(count_opens) == sorted(named)
+
+
+def _write_coco(path, indent=None):
+    """A COCO file with what the reduced parse must get right: crowd RLE, two polygons,
+    empty segmentation, a category name holding the text of a polygon key."""
+    images = [{'id': i, 'file_name': f'{i}.jpg', 'width': 64, 'height': 48}
+              for i in range(1, 6)]
+    anns = [
+        {'id': 1, 'image_id': 1, 'category_id': 3, 'iscrowd': 0, 'area': 10.5,
+         'bbox': [1, 2, 3, 4], 'segmentation': [[1.5, 2, 3e1, 4.25, -0.0, 6, 7, 8]]},
+        {'id': 2, 'image_id': 2, 'category_id': 7, 'iscrowd': 0, 'area': 3,
+         'bbox': [0, 0, 2, 2], 'segmentation': [[0, 0, 2, 0, 2, 2], [5, 5, 6, 5, 6, 6]]},
+        {'id': 3, 'image_id': 3, 'category_id': 9, 'iscrowd': 1, 'area': 4,
+         'bbox': [0, 0, 2, 2], 'segmentation': {'counts': [0, 4, 2], 'size': [48, 64]}},
+        {'id': 4, 'image_id': 4, 'category_id': 11, 'iscrowd': 0, 'area': 0,
+         'bbox': [0, 0, 0, 0], 'segmentation': []},
+    ]
+    cats = [{'id': 3, 'name': 'circle'}, {'id': 7, 'name': '"segmentation": [[1, 2]]'},
+            {'id': 9, 'name': 'crowd only'}, {'id': 11, 'name': 'empty mask'},
+            {'id': 12, 'name': 'unused'}]
+    with open(path, 'w') as f:
+        json.dump({'info': {'segmentation': [[1, 2]]}, 'images': images,
+                   'annotations': anns, 'categories': cats}, f, indent=indent)
+
+
+@pytest.mark.parametrize('indent', [None, 2])
+def test_summary_equals_a_full_parse(tmp_path, indent):
+    path = str(tmp_path / 'instances.json')
+    _write_coco(path, indent)
+    with open(path) as f:
+        full = json.load(f)
+    summary = data_checks.read_coco_summary(path)
+    assert summary.categories == full['categories']
+    assert summary.num_images == len(full['images'])
+    assert summary.annotated == {a['category_id'] for a in full['annotations']
+                                 if not a.get('iscrowd', 0)}
+    assert summary.annotated == {3, 7, 11}
+
+
+def test_broken_file_error_has_the_position_in_the_file(tmp_path):
+    path = tmp_path / 'instances.json'
+    _write_coco(str(path))
+    text = path.read_text()
+    cut = text[:text.index('"crowd only"')]  # truncated after the polygons
+    path.write_text(cut)
+    with pytest.raises(json.JSONDecodeError) as exact:
+        json.loads(cut)
+    with pytest.raises(DataError) as err:
+        data_checks.read_coco_summary(str(path))
+    assert 'cannot be read as JSON' in str(err.value)
+    assert str(exact.value) in str(err.value)  # e.g. 'line 1 column 801 (char 800)'
+
+
+# --------------------------------------------------------------------- several processes
+DRIVER = '''
+import builtins, os, runpy, sys
+out, data = sys.argv.pop(1), sys.argv.pop(1)
+rank = os.environ.get('RANK', '0')
+real_open = builtins.open
+opened = real_open(os.path.join(out, f'opened_{rank}.txt'), 'w')
+summarised = real_open(os.path.join(out, f'summarised_{rank}.txt'), 'w')
+
+def counting_open(file, *args, **kwargs):
+    path = os.path.abspath(str(file))
+    if path.endswith('.json') and path.startswith(data):
+        opened.write(path + '\\n')
+        opened.flush()
+    return real_open(file, *args, **kwargs)
+
+builtins.open = counting_open
+from inline_mm.engine import data_checks
+read = data_checks.read_coco_summary
+
+def counting_read(path):
+    summarised.write(os.path.abspath(path) + '\\n')
+    summarised.flush()
+    return read(path)
+
+data_checks.read_coco_summary = counting_read
+sys.argv[0] = os.path.join(REPO, 'tools', 'train.py')
+try:
+    runpy.run_path(sys.argv[0], run_name='__main__')
+    status = 0
+except SystemExit as exit:
+    status = exit.code
+real_open(os.path.join(out, f'status_{rank}.txt'), 'w').write(str(status))
+sys.exit(status)
+'''
+
+
+def run_two_processes(tmp_path, data, args):
+    driver = tmp_path / 'driver.py'
+    driver.write_text(DRIVER.replace('REPO', repr(REPO_ROOT)))
+    out = tmp_path / 'counts'
+    out.mkdir()
+    env = dict(tool_env(), PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    run = subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+         '--master_port', str(free_port()), str(driver), str(out), os.path.abspath(data),
+         *args, '--launcher', 'pytorch'],
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=900)
+
+    def lines(name, rank):
+        path = out / f'{name}_{rank}.txt'
+        return path.read_text().split() if path.exists() else None
+    return run, lines
+
+
+@pytest.mark.slow
+def test_two_processes_stop_with_process_0s_verdict(tmp_path):
+    """The full recipe on a set of other categories: both processes exit 2 with the same
+    line; only process 0 read the annotation files, each once; nothing written."""
+    root = str(tmp_path / 'my_set')
+    make_coco_toy(root, num_train=4, num_val=2, image_size=64, seed=3)
+    work = tmp_path / 'work'
+    options = [f'{s}_dataloader.dataset.data_root={root}/' for s in ('train', 'val', 'test')]
+    options += [f'{s}_dataloader.dataset.{k}' for s, k in [
+        ('train', 'ann_file=annotations/instances_train.json'),
+        ('train', 'data_prefix.img=train/'),
+        ('val', 'ann_file=annotations/instances_val.json'), ('val', 'data_prefix.img=val/'),
+        ('test', 'ann_file=annotations/instances_val.json'), ('test', 'data_prefix.img=val/')]]
+    run, lines = run_two_processes(tmp_path, root, [FULL_CONFIG, '--work-dir', str(work),
+                                                    '--cfg-options', *options])
+    output = run.stdout + run.stderr
+    assert lines('status', 0) == ['2'] and lines('status', 1) == ['2'], output[-3000:]
+    errors = [line for line in output.splitlines() if line.startswith('error: ')]
+    assert len(errors) == 2 and errors[0] == errors[1], output[-3000:]
+    assert errors[0].startswith('error: the categories of')
+    assert "'circle', 'rectangle', 'triangle'" in errors[0] and "'person'" in errors[0]
+    # no traceback of the workers (torchrun prints one of its own for failed workers)
+    assert 'DataError' not in output and 'train.py", line' not in output, output[-3000:]
+    ann = os.path.join(os.path.abspath(root), 'annotations')
+    # the train loader's file, then the file val and test share: once each, on process 0
+    expected = [os.path.join(ann, 'instances_train.json')]
+    assert lines('opened', 0) == expected and lines('summarised', 0) == expected
+    assert lines('opened', 1) == [] and lines('summarised', 1) == []
+    assert not work.exists()
+
+
+@pytest.mark.slow
+def test_two_processes_train_after_one_check(toy_root, tmp_path):
+    """Good data: process 0 summarises each file once, process 1 none; both train."""
+    work = tmp_path / 'work'
+    run, lines = run_two_processes(
+        tmp_path, toy_root, [TOY_DET_CONFIG, '--work-dir', str(work)] + toy_det_options(
+            toy_root, **{'train_cfg.max_iters': 1, 'train_dataloader.batch_size': 1,
+                         'default_hooks.checkpoint.interval': 1}))
+    output = run.stdout + run.stderr
+    assert lines('status', 0) == ['0'] and lines('status', 1) == ['0'], output[-3000:]
+    ann = os.path.join(os.path.abspath(toy_root), 'annotations')
+    assert lines('summarised', 0) == [os.path.join(ann, 'instances_train.json'),
+                                      os.path.join(ann, 'instances_val.json')]
+    assert lines('summarised', 1) == []
+    assert (work / 'iter_1.pth').is_file()
+
+
+@pytest.mark.slow
+def test_startup_benchmark_runs_at_a_tiny_scale(tmp_path):
+    data, out = tmp_path / 'data', tmp_path / 'out'
+    run = subprocess.run([sys.executable, BENCHMARK, '--scale', '0.0002', '--data-dir',
+                          str(data), '--out', str(out), '--input-size', '128'],
+                         capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT,
+                         timeout=1500)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
+    with open(out / 'startup_coco_size.json') as f:
+        result = json.load(f)
+    rows = {(r['tool'], r['procs']): r for r in result['rows']}
+    assert set(rows) == {(t, p) for t in ('inline-mm', 'mmdet') for p in (1, 2)}
+    for row in rows.values():
+        assert row['seconds'] > 0 and row['max_process_peak_mib'] > 100
+        # two processes: the launcher and the two workers at least
+        assert row['processes'] >= (1 if row['procs'] == 1 else 3)
+        assert row['sum_process_peaks_mib'] >= row['max_process_peak_mib']
+        if row['procs'] == 2:  # two workers, each about as large as one process alone
+            assert row['peak_rss_sum_mib'] > 1.5 * rows[(row['tool'], 1)]['peak_rss_sum_mib']
+    ratios = [r for r in result['summary'] if r['tool'].startswith('ratio')]
+    assert len(ratios) == 2
+    for ratio in ratios:
+        mine = rows[('inline-mm', ratio['procs'])]
+        theirs = rows[('mmdet', ratio['procs'])]
+        assert ratio['seconds'] == pytest.approx(mine['seconds'] / theirs['seconds'], abs=1e-3)
+    # the generated file: COCO's sizes scaled, COCO's categories, polygons of 20-30 points
+    from mmdet.datasets import CocoDataset
+    with open(data / 'annotations' / 'instances_train2017.json') as f:
+        coco = json.load(f)
+    assert len(coco['images']) == round(118287 * 0.0002)
+    assert len(coco['annotations']) == round(860001 * 0.0002)
+    assert [c['name'] for c in coco['categories']] == list(CocoDataset.METAINFO['classes'])
+    for ann in coco['annotations']:
+        assert all(40 <= len(p) <= 60 and len(p) % 2 == 0 for p in ann['segmentation'])
+        x, y, w, h = ann['bbox']
+        assert 0 <= x and x + w <= 640 and 0 <= y and y + h <= 480
+    image = data / 'train2017' / coco['images'][0]['file_name']
+    from PIL import Image
+    assert Image.open(image).size == (640, 480)

@@ -1,0 +1,434 @@
+#!/usr/bin/env python
+"""Startup on COCO-size annotation files: time and memory up to the first training iteration.
+
+    python tools/analysis/benchmark_startup.py --data-dir /tmp/coco_size \\
+        --out docs/benchmark_results                  # full COCO train2017 size
+    python tools/analysis/benchmark_startup.py --scale 0.001    # a small run
+
+Writes a COCO-format set the size of COCO train2017 (118,287 image entries,
+860,001 polygon instances of 20-30 points, COCO's 80 categories and their
+ids) and val2017 (5,000 images, 36,781 instances), every image entry a hard
+link (or a symlink) to ONE small JPEG of the entries' size, which mmdet's
+pipeline reads.  ``--scale`` shrinks both files by that fraction.  The files
+are kept in ``--data-dir`` and reused by later runs of the same scale; without
+``--data-dir`` they go to a temporary folder, removed at the end.
+
+Then it launches, for each process count of ``--procs`` and one after the
+other (``inline-mm``'s and mmdet's runs interleaved, ``--repeats`` rounds),
+the full recipe ``--config`` (default: Mask R-CNN InLine-PVT-T 1x) on that set
+through this repository's ``tools/train.py`` and through mmdet's own
+``tools/train.py`` (the copy mmdet ships, ``mmdet/.mim/tools/train.py``), with
+the same ``--cfg-options``: the generated data, no pretrained checkpoint,
+batch 1, no loader workers, a small input (``--input-size``) so that the first
+iteration is cheap, and the gloo backend for two processes
+(``torch.distributed.run --nproc_per_node N``).  It measures, from the launch
+to the log line of the first training iteration (then stops the run):
+
+* the wall time;
+* the peak memory: the largest sum of the resident set sizes of all the
+  processes of the run (sampled every 0.1 s) and the largest peak of one
+  process (``VmHWM`` of ``/proc/<pid>/status``).
+
+mmengine 0.10's ``init_dist`` calls ``torch.cuda.set_device``, and its DDP
+wrapper passes ``device_ids``; neither works without a GPU.  mmdet's own
+``tools/train.py`` runs on two CPU processes through a shim (this script with
+``--cpu-shim``) that skips ``set_device`` when no GPU is present, with
+``model_wrapper_cfg.type=AnyDeviceDistributedDataParallel`` (the recipe
+imports ``inline_mm.engine``); this repository's ``tools/train.py`` does the
+same by itself.  Nothing of the data loading differs.
+
+Prints a table and the ratios inline-mm / mmdet; ``--out DIR`` writes
+``DIR/startup_coco_size.json``.
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Dict, List, Optional
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+DEFAULT_CONFIG = osp.join(ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
+
+#: COCO 2017's sizes (instances_train2017.json / instances_val2017.json)
+COCO_SIZES = {'train2017': (118287, 860001), 'val2017': (5000, 36781)}
+#: COCO's 80 category ids (1-90 with gaps), in the order of its files
+COCO_CAT_IDS = [i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68, 69, 71, 83)]
+#: COCO images are about 640 x 480; the one JPEG every entry points at
+IMAGE_SIZE = (640, 480)
+#: bump when the generated files change, so that a kept --data-dir is rewritten
+DATA_VERSION = 2
+#: the log line of the first training iteration (epoch- and iteration-based loops)
+FIRST_ITER = re.compile(r'(?:Epoch|Iter)\(train\)\s*(?:\[\s*1\])?\s*\[\s*1/\d+\]')
+
+
+# ----------------------------------------------------------------------------------- data
+def _coco_classes() -> List[str]:
+    from mmdet.datasets import CocoDataset
+    return list(CocoDataset.METAINFO['classes'])
+
+
+def _polygon_annotations(rng, image_ids, first_id: int, width: int, height: int) -> list:
+    """COCO annotations, one polygon (a tenth of them two) of 20-30 points each."""
+    import numpy as np
+    n = len(image_ids)
+    points = rng.integers(20, 31, size=(n, 2))
+    # object sizes from a few pixels to most of the image, as in COCO (many small ones);
+    # every polygon inside the image (a clipped one could lose all its area)
+    radius = np.exp(rng.uniform(np.log(4), np.log(0.3 * min(width, height)), size=n))
+    # a second polygon (a tenth of the objects): a smaller part beside the first
+    size = radius[:, None] * np.array([1., 0.4])
+    cx = rng.uniform(radius, width - 2.2 * radius)[:, None] + np.array([0., 1.6]) * radius[:, None]
+    cy = rng.uniform(radius, height - radius)[:, None] + np.zeros(2)
+    angles = np.sort(rng.uniform(0, 2 * np.pi, size=(n, 2, 30)), axis=-1)
+    radii = size[..., None] * rng.uniform(0.6, 1.0, size=(n, 2, 30))
+    xs = (cx[..., None] + radii * np.cos(angles)).round(2)
+    ys = (cy[..., None] + radii * np.sin(angles)).round(2)
+    two = rng.uniform(size=n) < 0.1
+    cats = rng.choice(COCO_CAT_IDS, size=n)
+    anns = []
+    for i in range(n):
+        polys, area, x0, y0, x1, y1 = [], 0., width, height, 0., 0.
+        for p in range(2 if two[i] else 1):
+            k = int(points[i, p])
+            x, y = xs[i, p, :k], ys[i, p, :k]
+            polys.append(np.stack([x, y], axis=1).ravel().tolist())
+            area += 0.5 * abs(float(np.dot(x, np.roll(y, 1)) - np.dot(y, np.roll(x, 1))))
+            x0, y0 = min(x0, float(x.min())), min(y0, float(y.min()))
+            x1, y1 = max(x1, float(x.max())), max(y1, float(y.max()))
+        anns.append({'segmentation': polys, 'area': area, 'iscrowd': 0,
+                     'image_id': int(image_ids[i]),
+                     'bbox': [round(x0, 2), round(y0, 2), round(x1 - x0, 2), round(y1 - y0, 2)],
+                     'category_id': int(cats[i]), 'id': first_id + i})
+    return anns
+
+
+def write_split(root: str, split: str, num_images: int, num_anns: int, seed: int,
+                jpeg: str) -> str:
+    """``annotations/instances_<split>.json`` and ``<split>/`` (links to ``jpeg``)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    width, height = IMAGE_SIZE
+    img_dir = osp.join(root, split)
+    os.makedirs(img_dir, exist_ok=True)
+    ids = np.arange(1, num_images + 1)
+    names = [f'{i:012d}.jpg' for i in ids]
+    for name in names:
+        dst = osp.join(img_dir, name)
+        if not osp.lexists(dst):
+            try:
+                os.link(jpeg, dst)
+            except OSError:  # another file system, or no hard links: a symlink then
+                os.symlink(osp.abspath(jpeg), dst)
+    # about 1 % of COCO's train images have no instance; every other image at least one
+    with_objects = ids[rng.uniform(size=num_images) >= 0.01] if num_images > 1 else ids
+    image_of = np.concatenate([with_objects, rng.choice(with_objects,
+                                                        max(0, num_anns - len(with_objects)))])
+    image_of = np.sort(image_of[:num_anns])
+    path = osp.join(root, 'annotations', f'instances_{split}.json')
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+        f.write('{"info": ' + json.dumps({
+            'description': 'COCO-size synthetic set (tools/analysis/benchmark_startup.py)',
+            'version': str(DATA_VERSION), 'year': 2026}) +
+            ', "licenses": [{"url": "http://creativecommons.org/licenses/by/2.0/", '
+            '"id": 1, "name": "Attribution License"}], "images": [')
+        images = [{'license': 1, 'file_name': name,
+                   'coco_url': f'http://images.cocodataset.org/{split}/{name}',
+                   'height': height, 'width': width, 'date_captured': '2013-11-14 11:18:45',
+                   'flickr_url': f'http://farm4.staticflickr.com/{name}', 'id': int(i)}
+                  for i, name in zip(ids, names)]
+        f.write(json.dumps(images)[1:-1])
+        f.write('], "annotations": [')
+        chunk = 20000
+        for start in range(0, num_anns, chunk):
+            anns = _polygon_annotations(rng, image_of[start:start + chunk], start + 1,
+                                        width, height)
+            f.write((', ' if start else '') + json.dumps(anns)[1:-1])
+        cats = [{'supercategory': 'object', 'id': i, 'name': name}
+                for i, name in zip(COCO_CAT_IDS, _coco_classes())]
+        f.write('], "categories": ' + json.dumps(cats) + '}')
+    os.replace(tmp, path)
+    return path
+
+
+def make_coco_size_set(root: str, scale: float = 1.0, seed: int = 0) -> dict:
+    """Write (or reuse) the COCO-size set in ``root``; returns its manifest."""
+    want = {'version': DATA_VERSION, 'scale': scale, 'seed': seed}
+    manifest = osp.join(root, 'benchmark_startup.json')
+    if osp.isfile(manifest):
+        with open(manifest) as f:
+            found = json.load(f)
+        if {k: found.get(k) for k in want} == want:
+            return found
+    from PIL import Image
+    import numpy as np
+    os.makedirs(root, exist_ok=True)
+    jpeg = osp.join(root, 'image.jpg')
+    width, height = IMAGE_SIZE
+    yy, xx = np.mgrid[0:height, 0:width]
+    pixels = np.stack([xx * 255 // width, yy * 255 // height, (xx + yy) % 256], -1)
+    Image.fromarray(pixels.astype(np.uint8)).save(jpeg, quality=90)
+    info = dict(want)
+    for offset, (split, (num_images, num_anns)) in enumerate(COCO_SIZES.items()):
+        n_img = max(2, round(num_images * scale))
+        n_ann = max(n_img, round(num_anns * scale))
+        path = write_split(root, split, n_img, n_ann, seed + offset, jpeg)
+        info[split] = dict(images=n_img, annotations=n_ann, bytes=osp.getsize(path))
+    with open(manifest, 'w') as f:
+        json.dump(info, f, indent=1)
+    return info
+
+
+# ---------------------------------------------------------------------------- measuring
+def _status(pid: int) -> Dict[str, int]:
+    """``VmRSS`` and ``VmHWM`` of a process in bytes ({} once it is gone)."""
+    found = {}
+    try:
+        with open(f'/proc/{pid}/status') as f:
+            for line in f:
+                if line.startswith(('VmRSS:', 'VmHWM:')):
+                    key, value = line.split(':')
+                    found[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return found
+
+
+def _tree(root: int) -> List[int]:
+    """``root`` and all its descendants (torchrun starts its workers in sessions of their own)."""
+    children: Dict[int, List[int]] = {}
+    for name in os.listdir('/proc'):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f'/proc/{name}/stat') as f:
+                ppid = int(f.read().rsplit(')', 1)[1].split()[1])  # after the state
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def measure(cmd: List[str], env: dict, timeout: float, interval: float = 0.1) -> dict:
+    """Run ``cmd`` until its first training iteration is logged; time and memory."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            cwd=ROOT, text=True, start_new_session=True)
+    lines: List[str] = []
+    reached: List[float] = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if not reached and FIRST_ITER.search(line):
+                reached.append(time.perf_counter() - start)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    peak_sum, hwm, procs = 0, {}, set()
+    try:
+        while not reached and proc.poll() is None and time.perf_counter() - start < timeout:
+            total = 0
+            for pid in _tree(proc.pid):
+                status = _status(pid)
+                if status:
+                    procs.add(pid)
+                    total += status.get('VmRSS', 0)
+                    hwm[pid] = max(hwm.get(pid, 0), status.get('VmHWM', 0))
+            peak_sum = max(peak_sum, total)
+            time.sleep(interval)
+        for pid in _tree(proc.pid):  # the peaks up to the first iteration
+            hwm[pid] = max(hwm.get(pid, 0), _status(pid).get('VmHWM', 0))
+    finally:
+        for pid in _tree(proc.pid) if proc.poll() is None else []:
+            try:  # the workers too: they are not in the launcher's process group
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.wait()
+        reader.join(timeout=10)
+    if not reached:
+        tail = ''.join(lines[-40:])
+        raise RuntimeError(f'no training iteration within {timeout:.0f} s (exit status '
+                           f'{proc.returncode}) of: {" ".join(cmd)}\n{tail}')
+    mib = 1024 * 1024
+    return dict(seconds=round(reached[0], 2), peak_rss_sum_mib=round(peak_sum / mib),
+                max_process_peak_mib=round(max(hwm.values()) / mib),
+                sum_process_peaks_mib=round(sum(hwm.values()) / mib), processes=len(procs))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def mmdet_train_script() -> str:
+    """mmdet's own ``tools/train.py`` as mmdet ships it."""
+    import mmdet
+    path = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'train.py')
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'{path} not found: this mmdet install does not ship its tools')
+    return path
+
+
+def cfg_options(data_root: str, input_size: int, procs: int) -> List[str]:
+    """What both tools get: the generated data, no checkpoint, batch 1, a small input."""
+    root = data_root.rstrip('/') + '/'
+    opts = [f'{split}_dataloader.dataset.data_root={root}' for split in ('train', 'val', 'test')]
+    opts += [f'val_evaluator.ann_file={root}annotations/instances_val2017.json',
+             f'test_evaluator.ann_file={root}annotations/instances_val2017.json',
+             'model.backbone.init_cfg=None', 'train_dataloader.batch_size=1',
+             'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
+             f'train_dataloader.dataset.pipeline.2.scale=({input_size},{input_size})',
+             'default_hooks.logger.interval=1']
+    if procs > 1:
+        opts += ['env_cfg.dist_cfg.backend=gloo']
+    return opts
+
+
+def commands(tool: str, config: str, work_dir: str, options: List[str], procs: int
+             ) -> List[str]:
+    script = osp.join(ROOT, 'tools', 'train.py') if tool == 'inline-mm' else mmdet_train_script()
+    args = [config, '--work-dir', work_dir]
+    if procs == 1:
+        return [sys.executable, script, *args, '--cfg-options', *options]
+    run = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(procs),
+           '--master_port', str(_free_port())]
+    if tool == 'inline-mm':
+        return [*run, script, *args, '--launcher', 'pytorch', '--cfg-options', *options]
+    # mmdet's tool on CPU processes: see the module docstring
+    return [*run, osp.abspath(__file__), '--cpu-shim', script, *args, '--launcher', 'pytorch',
+            '--cfg-options', *options,
+            'model_wrapper_cfg.type=AnyDeviceDistributedDataParallel']
+
+
+def cpu_shim(argv: List[str]) -> None:
+    """Run the script ``argv[0]`` as ``__main__``; without GPUs ``torch.cuda.set_device``
+    does nothing."""
+    import runpy
+
+    import torch
+    if not torch.cuda.is_available():
+        torch.cuda.set_device = lambda device: None
+    sys.argv = list(argv)
+    sys.path.insert(0, osp.dirname(argv[0]))
+    runpy.run_path(argv[0], run_name='__main__')
+
+
+def run_benchmark(args) -> dict:
+    data_dir = args.data_dir or tempfile.mkdtemp(prefix='inline_mm_startup_')
+    try:
+        t0 = time.perf_counter()
+        data = make_coco_size_set(data_dir, args.scale, args.seed)
+        print(f'data in {data_dir} ({time.perf_counter() - t0:.0f} s): '
+              f'{json.dumps({k: data[k] for k in COCO_SIZES})}', flush=True)
+        rows = []
+        for procs in args.procs:
+            threads = max(1, (os.cpu_count() or 1) // procs)
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED='1')
+            env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+            for repeat in range(args.repeats):
+                for tool in args.tools:
+                    work_dir = tempfile.mkdtemp(prefix='inline_mm_startup_work_')
+                    try:
+                        cmd = commands(tool, args.config, work_dir,
+                                       cfg_options(data_dir, args.input_size, procs), procs)
+                        load = os.getloadavg()[0]
+                        row = dict(tool=tool, procs=procs, repeat=repeat,
+                                   load_before=round(load, 2),
+                                   **measure(cmd, env, args.timeout))
+                    finally:
+                        shutil.rmtree(work_dir, ignore_errors=True)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        return dict(scale=args.scale, data=data, config=osp.relpath(args.config, ROOT),
+                    input_size=args.input_size, rows=rows, summary=summarise(rows, args))
+    finally:
+        if not args.data_dir:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def summarise(rows: List[dict], args) -> List[dict]:
+    """Median per tool and process count, and the ratio inline-mm / mmdet."""
+    import statistics
+    keys = ('seconds', 'peak_rss_sum_mib', 'max_process_peak_mib')
+    out = []
+    for procs in args.procs:
+        med = {}
+        for tool in args.tools:
+            sel = [r for r in rows if r['tool'] == tool and r['procs'] == procs]
+            med[tool] = {k: statistics.median(r[k] for r in sel) for k in keys}
+            out.append(dict(tool=tool, procs=procs, **med[tool]))
+        if set(med) == {'inline-mm', 'mmdet'}:
+            out.append(dict(tool='ratio inline-mm / mmdet', procs=procs,
+                            **{k: round(med['inline-mm'][k] / med['mmdet'][k], 3)
+                               for k in keys}))
+    return out
+
+
+def print_table(summary: List[dict]) -> None:
+    print('| tool | processes | time to 1st iteration (s) | peak RSS, sum (MiB) | '
+          'peak RSS, largest process (MiB) |')
+    print('|---|---|---|---|---|')
+    for r in summary:
+        print(f"| {r['tool']} | {r['procs']} | {r['seconds']:g} | {r['peak_rss_sum_mib']:g} | "
+              f"{r['max_process_peak_mib']:g} |")
+
+
+def parse_args(argv: Optional[List[str]] = None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--config', default=DEFAULT_CONFIG, help='the detection recipe')
+    parser.add_argument('--data-dir', help='where the generated set is kept and reused '
+                        '(default: a temporary folder, removed at the end)')
+    parser.add_argument('--scale', type=float, default=1.0,
+                        help='fraction of COCO 2017\'s size (1.0: 118,287 train images)')
+    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--procs', type=int, nargs='+', default=[1, 2],
+                        help='process counts (torch.distributed.run for more than one)')
+    parser.add_argument('--tools', nargs='+', default=['inline-mm', 'mmdet'],
+                        choices=['inline-mm', 'mmdet'])
+    parser.add_argument('--repeats', type=int, default=1, help='interleaved rounds')
+    parser.add_argument('--input-size', type=int, default=320,
+                        help='training resize scale (square), so the first iteration is cheap')
+    parser.add_argument('--timeout', type=float, default=1800, help='seconds per run')
+    parser.add_argument('--out', help='folder for startup_coco_size.json')
+    args = parser.parse_args(argv)
+    if not 0 < args.scale <= 1:
+        parser.error(f'--scale must be in (0, 1], got {args.scale}')
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    args = parse_args(argv)
+    result = run_benchmark(args)
+    print_table(result['summary'])
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = osp.join(args.out, 'startup_coco_size.json')
+        with open(path, 'w') as f:
+            json.dump(result, f, indent=1)
+        print(f'written: {path}')
+    return result
+
+
+if __name__ == '__main__':
+    if len(sys.argv) > 1 and sys.argv[1] == '--cpu-shim':
+        cpu_shim(sys.argv[2:])
+    else:
+        main()
