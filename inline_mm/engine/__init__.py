@@ -21,5 +21,6 @@ __all__ = ['configure_amp', 'cpu_has_fast_bf16', 'enable_inference_autocast', 'A
            'autocast_parts', 'AnyDeviceDistributedDataParallel', 'MeanLossLoggerHook',
            'RNGStateHook',
            'CPUAutocastOptimWrapper', 'AtomicCheckpointHook', 'PreemptionHook',
-           'NonFiniteLossHook', 'NonFiniteLossError', 'ResumableEpochBasedTrainLoop', 'SkipBadSamples', 'AtomicLocalBackend',
+           'NonFiniteLossHook', 'NonFiniteLossError', 'ResumableEpochBasedTrainLoop',
+           'SkipBadSamples', 'AtomicLocalBackend',
            'BadSampleLimitError', 'CheckpointWriteError', 'PREEMPTED_EXIT_CODE']
