@@ -7,6 +7,7 @@ import sys
 import cv2
 import numpy as np
 import pytest
+import torch
 from mmengine.config import Config
 from mmengine.logging import MMLogger
 
@@ -44,3 +45,39 @@ def test_infer_refuses_a_file_that_is_not_a_checkpoint(tmp_path, content):
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith('error: ') and str(ckpt) in line, line
     assert not out.exists()
+
+
+SEG_CONFIG = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')
+
+
+def _one_error_line(proc, *expected):
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert 'Traceback' not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith('error: '), line
+    for text in expected:
+        assert text in line, line
+    return line
+
+
+def test_test_tool_refuses_unreadable_and_other_models_checkpoints(tmp_path):
+    """tools/test.py: a text file, and a segmentor's checkpoint on a detector config
+    (mmengine alone loads it with a warning and evaluates 0 mAP), stop before anything
+    is written; train.py --resume with a text file too."""
+    from mmengine.config import Config as Cfg
+
+    from inline_mm.engine.runner_utils import build_model
+    text = tmp_path / 'notes.pth'
+    text.write_bytes(b'the weights are on the shared drive\n')
+    seg = tmp_path / 'seg.pth'
+    torch.save({'state_dict': build_model(Cfg.fromfile(SEG_CONFIG)).state_dict(),
+                'meta': {}}, str(seg))
+    work = tmp_path / 'work'
+    _one_error_line(_tool('test.py', DET_CONFIG, str(text), '--work-dir', str(work)),
+                    str(text))
+    line = _one_error_line(_tool('test.py', DET_CONFIG, str(seg), '--work-dir', str(work)),
+                           str(seg))
+    assert 'segmentor' in line, line
+    _one_error_line(_tool('train.py', DET_CONFIG, '--resume', str(text), '--work-dir',
+                          str(work)), str(text))
+    assert not work.exists()

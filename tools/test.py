@@ -17,10 +17,11 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import inline_mm.engine  # noqa: E402,F401  (SegTestVisualizationHook, DumpSegResults)
+from inline_mm.checkpoint import check_checkpoint_fits  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
 from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
                                      load_config, run_with_runner, set_local_rank)
-from inline_mm.engine.runner_utils import task_of  # noqa: E402
+from inline_mm.engine.runner_utils import build_model, task_of  # noqa: E402
 from inline_mm.errors import ConfigError, MissingFileError  # noqa: E402
 
 
@@ -48,6 +49,9 @@ def main(argv=None) -> None:
         raise MissingFileError(f'checkpoint {args.checkpoint!r} not found')
     cfg = load_config(args.config, args.cfg_options, args.launcher)
     task = task_of(cfg)
+    # a file that is not a checkpoint, or one of another model (mmengine loads it with a
+    # warning and evaluates to 0 mAP), stops here in one line, before anything is written
+    check_checkpoint_fits(build_model(cfg), args.checkpoint)
     cfg.work_dir = default_work_dir(cfg, args.config, args.work_dir)
     cfg.load_from = args.checkpoint
     if args.show_dir:

@@ -18,6 +18,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.config import Config  # noqa: E402
 
+from inline_mm.checkpoint import load_checkpoint_file  # noqa: E402
 from inline_mm.engine.amp import configure_amp  # noqa: E402
 from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
                                      load_config, run_with_runner, set_local_rank)
@@ -61,6 +62,7 @@ def build_config(args) -> Config:
     elif args.resume is not None:
         if not osp.isfile(args.resume):
             raise MissingFileError(f'checkpoint to resume from {args.resume!r} not found')
+        load_checkpoint_file(args.resume)  # one line for a text / truncated file
         cfg.resume = True
         cfg.load_from = args.resume
     return cfg
