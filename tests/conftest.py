@@ -1,5 +1,6 @@
 """Shared test settings: CPU only, deterministic, few threads (CI has 2 cores)."""
 import os
+import sys
 
 import pytest
 import torch
@@ -82,6 +83,9 @@ def tool_env(**faults) -> dict:
     """The environment of a tool subprocess: unbuffered, one OpenMP thread per process,
     and the test-only fault injection (``INLINE_MM_FAULT_INJECTION``) if ``faults``."""
     env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
+    # the launchers (tools/dist_*.sh) run $PYTHON: the interpreter of this test run, not
+    # whatever .venv/ or PATH has (make test-compat runs the suite in .venv-compat)
+    env['PYTHON'] = sys.executable
     env.pop('INLINE_MM_FAULT_INJECTION', None)
     if faults:
         env['INLINE_MM_FAULT_INJECTION'] = ';'.join(f'{k}={v}' for k, v in faults.items())
