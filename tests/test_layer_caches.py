@@ -103,6 +103,11 @@ def test_clipped_relative_index_cached_per_window_and_device(empty_cache):
 
 
 @pytest.mark.slow  # about a minute: dynamo traces the backbone twice with symbolic sizes
+@pytest.mark.skipif(
+    tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2]) < (2, 2),
+    reason=f'torch {torch.__version__}: dynamo of torch 2.1 specialises the windowed '
+    'backbone on its input sizes even with dynamic=True (8 recompiles for sizes seen before, '
+    'measured on 2.1.2); the cache under test no longer adds guards on later torch')
 def test_compiled_swin_does_not_recompile_for_sizes_seen_before():
     """torch.compile(dynamic=True): masks and indices are built in the graph, so a size seen
     before finds its compiled code; a cache read would make dynamo guard on the cache."""

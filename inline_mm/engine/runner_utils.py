@@ -69,8 +69,13 @@ class TensorModeForward(torch.nn.Module):
         self.task = task
 
     def forward(self, inputs: torch.Tensor) -> Any:
-        samples = dummy_data_samples(self.task, inputs.shape[-2], inputs.shape[-1],
-                                     inputs.shape[0])
+        batch, height, width = inputs.shape[0], inputs.shape[-2], inputs.shape[-1]
+        if not torch.onnx.is_in_onnx_export():
+            # plain ints outside ONNX export (whose graph keeps the sizes symbolic): the
+            # samples' metadata is deep-copied, and torch 2.1's jit tracer (mmengine's FLOP
+            # counter) cannot copy traced size tensors
+            batch, height, width = int(batch), int(height), int(width)
+        samples = dummy_data_samples(self.task, height, width, batch)
         return self.model._forward(inputs, samples)
 
 
