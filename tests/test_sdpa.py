@@ -267,3 +267,22 @@ def test_gradients_equal_reference():
     sum(o.square().mean() for o in reference_forward(model, x)).backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_explicit_softmax_switch_for_benchmarks(sdpa_calls):
+    """explicit_softmax(): the same outputs through the written-out matmuls, no SDPA call
+    inside the context, SDPA again after it."""
+    from inline_mm.models.layers.softmax_attention import explicit_softmax
+    model = InLineSwin(**SWIN_CASES['hybrid']).eval()
+    x = torch.randn(1, 3, 97, 131)
+    with torch.no_grad():
+        fused = model(x)
+        assert sdpa_calls
+        sdpa_calls.clear()
+        with explicit_softmax():
+            explicit = model(x)
+        assert not sdpa_calls
+        model(x)
+        assert sdpa_calls
+    for a, b in zip(fused, explicit):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -79,10 +79,27 @@ def quartiles(times: List[float]) -> Tuple[float, float, float]:
     return statistics.median(times), q[0], q[2]
 
 
+class _ExplicitSoftmax(nn.Module):
+    """An InLine backbone whose softmax blocks run the written-out matmuls, not SDPA."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        from inline_mm.models.layers.softmax_attention import explicit_softmax
+        with explicit_softmax():
+            return self.model(x)
+
+
 def build_backbone(name: str) -> nn.Module:
     """Backbones by benchmark name: ``inline_{pvt,swin,cswin,deit}_{t,s,...}``,
-    ``mmdet_pvt_t``, ``mmdet_swin_t``, ``timm_deit_t`` (softmax counterparts)."""
+    ``mmdet_pvt_t``, ``mmdet_swin_t``, ``timm_deit_t`` (softmax counterparts);
+    ``inline_..+explicit``: the softmax blocks through explicit matmuls instead of
+    ``scaled_dot_product_attention`` (same weights' arithmetic, for the comparison)."""
     import inline_mm
+    if name.startswith('inline_') and name.endswith('+explicit'):
+        return _ExplicitSoftmax(build_backbone(name[:-len('+explicit')]))
     if name.startswith('inline_'):
         _, family, size = name.split('_')
         arch = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large', 'b': 'base'}[size]

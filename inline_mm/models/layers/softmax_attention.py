@@ -9,7 +9,8 @@ Both families' softmax blocks (this one and CSwin's stripes) run
 :func:`softmax_attention`: ``F.scaled_dot_product_attention`` with the
 position bias and the region bias of the windows in one additive mask.
 """
-from typing import Optional, Tuple
+from contextlib import contextmanager
+from typing import Iterator, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -33,9 +34,29 @@ def _explicit_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Ten
     return torch.matmul(attn, v)
 
 
+#: True inside :func:`explicit_softmax`: the written-out form instead of the fused operator
+_EXPLICIT = False
+
+
+@contextmanager
+def explicit_softmax() -> Iterator[None]:
+    """Compute the softmax blocks with the written-out matmuls inside this context.
+
+    The numbers are the same (to float rounding); benchmarks use it to time the
+    fused ``scaled_dot_product_attention`` against the explicit form
+    (``tools/analysis/benchmark.py --models inline_swin_t inline_swin_t+explicit``).
+    """
+    global _EXPLICIT
+    previous, _EXPLICIT = _EXPLICIT, True
+    try:
+        yield
+    finally:
+        _EXPLICIT = previous
+
+
 def _attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
             scale: float) -> Tensor:
-    if torch.jit.is_tracing():
+    if _EXPLICIT or torch.jit.is_tracing():
         # A jit trace (mmengine's FLOP counter, ONNX export) records the matmuls: the
         # counter has no rule for the fused operator and would count it as 0 FLOPs.
         return _explicit_attention(q, k, v, attn_mask, dropout_p, scale)
