@@ -60,6 +60,24 @@ def test_each_annotation_file_is_read_once(toy_root, count_opens):
     assert sorted(count_opens) == sorted(named)
 
 
+@pytest.mark.parametrize('classes,expected', [
+    (('circle', 'rectangles', 'wedge'),
+     "2 of the config's 3 classes are not in the file: 'rectangles' (the file has "
+     "'rectangle'), 'wedge'"),
+    (('circle', 'rectangle', 'triangles'),
+     "1 of the config's 3 classes is not in the file: 'triangles' (the file has 'triangle')"),
+    (('ball', 'crate', 'wedge'), "none of the config's classes is in the file")])
+def test_misspelt_classes_are_named(toy_root, classes, expected):
+    """The message counts the classes that are missing (not those found) and names each,
+    with the file's category it is close to."""
+    cfg = toy_config(toy_root)
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.metainfo = dict(classes=classes)
+    with pytest.raises(DataError) as err:
+        data_checks.check_datasets(cfg)
+    assert expected + ', so mmdet would drop their images' in str(err.value)
+
+
 def _write_coco(path, indent=None):
     """A COCO file with what the reduced parse must get right: crowd RLE, two polygons,
     empty segmentation, a category name holding the text of a polygon key."""

@@ -16,6 +16,7 @@ without decoding the polygons; and in a multi-process job only process 0
 checks, the others receive its verdict (:func:`check_datasets_once`), so that
 every process stops with the same one-line error.
 """
+import difflib
 import importlib
 import inspect
 import json
@@ -200,6 +201,12 @@ def _exact_json_error(path: str, err: Exception) -> Exception:
     return err
 
 
+def _with_close_match(name: str, names: Sequence[str]) -> str:
+    """``'crates'`` -> ``"'crates' (the file has 'crate')"`` when a file name is close."""
+    close = difflib.get_close_matches(str(name), [str(n) for n in names], n=1, cutoff=0.6)
+    return f'{name!r} (the file has {close[0]!r})' if close else repr(name)
+
+
 def _check_coco_classes(cfg: Config, loader: str, ds: ConfigDict, ann_path: str,
                         coco: CocoSummary) -> None:
     file_classes = [c.get('name') for c in coco.categories]
@@ -212,12 +219,16 @@ def _check_coco_classes(cfg: Config, loader: str, ds: ConfigDict, ann_path: str,
         return
     absent = [c for c in classes if c not in file_classes]
     if absent:
-        what = 'none of' if len(absent) == len(classes) else f'{len(absent)} of'
+        if len(absent) == len(classes):
+            what = 'none of the config\'s classes is in the file'
+        else:
+            what = (f'{len(absent)} of the config\'s {len(classes)} classes '
+                    f'{"is" if len(absent) == 1 else "are"} not in the file: '
+                    + ', '.join(_with_close_match(c, file_classes) for c in absent))
         raise DataError(
             f'the categories of {ann_path} {_short(file_classes)} do not match the classes the '
-            f'config trains on, {source} {_short(classes)}: {what} the config\'s classes are in '
-            f'the file, so mmdet would drop their images. To train on the file\'s categories '
-            f'set {_fix_line(file_classes, heads)}')
+            f'config trains on, {source} {_short(classes)}: {what}, so mmdet would drop their '
+            f'images. To train on the file\'s categories set {_fix_line(file_classes, heads)}')
     wrong_heads = [(p, n) for p, n in heads if n != len(classes)]
     if wrong_heads:
         raise DataError(
