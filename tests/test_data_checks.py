@@ -271,3 +271,17 @@ def test_startup_benchmark_runs_at_a_tiny_scale(tmp_path):
     image = data / 'train2017' / coco['images'][0]['file_name']
     from PIL import Image
     assert Image.open(image).size == (640, 480)
+
+
+def test_an_annotation_file_that_is_a_json_list_is_named(tmp_path):
+    """Valid JSON that is not a COCO object (a list): one DataError naming the file, not
+    pycocotools' AttributeError later."""
+    root = str(tmp_path / 'coco')
+    make_coco_toy(root, num_train=2, num_val=1, image_size=64, seed=0)
+    ann = os.path.join(root, 'annotations', 'instances_train.json')
+    with open(ann) as f:
+        entries = json.load(f)['annotations']
+    with open(ann, 'w') as f:
+        json.dump(entries, f)
+    with pytest.raises(DataError, match=r'instances_train.json is not a COCO annotation file'):
+        data_checks.check_datasets(toy_config(root))

@@ -345,8 +345,20 @@ def check_datasets(cfg: Config, loaders: Iterable[str] = ('train_dataloader', 'v
         if task == 'mmdet' and ann_path and ann_path.endswith('.json'):
             if summaries[ann_path] is not None:
                 _check_coco_classes(cfg, loader, ds, ann_path, summaries[ann_path])
+            elif _is_coco_dataset(ds):  # pycocotools would fail with an AttributeError
+                raise DataError(
+                    f'annotation file {ann_path} is not a COCO annotation file: it is valid JSON '
+                    f"but not an object with 'images', 'annotations' and 'categories' (e.g. "
+                    f'a list). Point ann_file at the instances_*.json file of the set')
         elif task == 'mmseg' and prefix.get('seg_map_path'):
             _check_seg_labels(cfg, ds, _join(root, prefix['seg_map_path']))
+
+
+def _is_coco_dataset(ds: ConfigDict) -> bool:
+    """Whether a dataset config builds mmdet's ``CocoDataset`` (or a subclass)."""
+    from mmdet.datasets import CocoDataset
+    cls = dataset_class('mmdet', ds)
+    return isinstance(cls, type) and issubclass(cls, CocoDataset)
 
 
 class _CheckFailed:
