@@ -54,7 +54,8 @@ def _one_error_line(proc, *expected):
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert 'Traceback' not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
-    assert line.startswith('error: '), line
+    # ours, or argparse's 'PROG: error: ...' (after its usage line)
+    assert line.startswith('error: ') or line.split(': ', 1)[1].startswith('error: '), line
     for text in expected:
         assert text in line, line
     return line
@@ -81,3 +82,34 @@ def test_test_tool_refuses_unreadable_and_other_models_checkpoints(tmp_path):
     _one_error_line(_tool('train.py', DET_CONFIG, '--resume', str(text), '--work-dir',
                           str(work)), str(text))
     assert not work.exists()
+
+
+FULL_DET = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
+
+
+@pytest.mark.parametrize('tool,args,expected', [
+    # an option without '=' (was a ValueError traceback from mmengine's DictAction)
+    ('train.py', [DET_CONFIG, '--cfg-options', 'train_cfg.max_iters'],
+     ["--cfg-options takes KEY=VALUE pairs, got 'train_cfg.max_iters'"]),
+    # the schedule key of the other kind of loop (was the loop's TypeError)
+    ('train.py', [FULL_DET, '--cfg-options', 'train_cfg.max_iters=4'],
+     ['this config trains by epochs', 'set train_cfg.max_epochs=N instead']),
+    # --cfg-options reaches the config in the tools that had none
+    ('infer.py', ['img.png', '--config', DET_CONFIG, '--checkpoint', 'x.pth',
+                  '--out-dir', 'out', '--cfg-options', 'model.backbone.drop_path_rat=0.1'],
+     ["did you mean 'model.backbone.drop_path_rate'"]),
+    ('deployment/export_onnx.py', [DET_CONFIG, '--out', 'x.onnx', '--cfg-options',
+                                   'model.backbone.drop_path_rat=0.1'],
+     ["did you mean 'model.backbone.drop_path_rate'"]),
+    ('analysis/benchmark_train.py', [SEG_CONFIG, '--cfg-options', 'model.backbone.drop_path_rat=0.1'],
+     ["did you mean 'model.backbone.drop_path_rate'"]),
+    ('analysis/benchmark_train.py', [SEG_CONFIG], ['is a mmseg config: this benchmark']),
+])
+def test_user_errors_of_the_tools_are_one_line(tmp_path, tool, args, expected):
+    image = tmp_path / 'img.png'
+    cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
+    (tmp_path / 'x.pth').write_bytes(b'')
+    args = [str(tmp_path / a) if a in ('img.png', 'x.pth', 'out', 'x.onnx') else a
+            for a in args]
+    _one_error_line(_tool(tool, *args), *expected)
+    assert not (tmp_path / 'out').exists() and not (tmp_path / 'x.onnx').exists()

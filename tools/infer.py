@@ -14,7 +14,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from inline_mm.checkpoint import check_checkpoint_fits  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
-from inline_mm.engine.launch import cli_main, load_config  # noqa: E402
+from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import draw_predictions, task_of  # noqa: E402
 from inline_mm.errors import MissingFileError  # noqa: E402
 
@@ -34,6 +34,7 @@ def parse_args(argv=None):
                         help='detection: draw instances above this score')
     parser.add_argument('--opacity', type=float, default=0.5,
                         help='segmentation: opacity of the label colours')
+    add_cfg_options(parser)
     args = parser.parse_args(argv)
     if args.device is None:
         import torch
@@ -48,7 +49,7 @@ def main(argv=None) -> None:
         raise MissingFileError(f'image file(s) not found: {", ".join(missing)}')
     if not osp.isfile(args.checkpoint):
         raise MissingFileError(f'checkpoint {args.checkpoint!r} not found')
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.cfg_options)
     if task_of(cfg) == 'mmdet':
         from mmdet.apis import init_detector as init_model
     else:

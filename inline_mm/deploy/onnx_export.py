@@ -65,12 +65,13 @@ def require_onnx() -> None:
 
 
 # ---------------------------------------------------------------- models
-def build_model(config: str, checkpoint: Optional[str] = None, device: str = 'cpu'
-                ) -> Tuple[nn.Module, object, str]:
+def build_model(config: str, checkpoint: Optional[str] = None, device: str = 'cpu',
+                cfg_options: Optional[dict] = None) -> Tuple[nn.Module, object, str]:
     """Build the detector / segmentor of a config in eval mode.
 
     Without ``checkpoint`` the weights are random and ``model.backbone.init_cfg``
-    is dropped (no ImageNet weights are read).
+    is dropped (no ImageNet weights are read).  ``cfg_options`` are the tools'
+    ``--cfg-options``, checked as :func:`~inline_mm.engine.launch.load_config` does.
 
     Returns:
         (model, cfg, task) with ``task`` ``'mmdet'`` or ``'mmseg'``.
@@ -79,10 +80,9 @@ def build_model(config: str, checkpoint: Optional[str] = None, device: str = 'cp
         raise DeployError(f'config file {config!r} not found')
     if checkpoint is not None and not osp.isfile(checkpoint):
         raise DeployError(f'checkpoint file {checkpoint!r} not found')
-    from mmengine.config import Config
-
+    from inline_mm.engine.launch import load_config
     from inline_mm.engine.runner_utils import task_of
-    cfg = Config.fromfile(config)
+    cfg = load_config(config, cfg_options)
     task = task_of(cfg)
     if checkpoint is None:
         cfg.model.backbone.init_cfg = None

@@ -35,10 +35,27 @@ T = TypeVar('T')
 USER_ERROR_EXIT = 2
 
 
+class CfgOptionsAction(DictAction):
+    """mmengine's ``DictAction`` that refuses an option without ``=`` in argparse's way
+    (usage and one ``error:`` line, exit status 2) instead of a ValueError traceback."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        bad = [v for v in values if '=' not in v]
+        if bad:
+            parser.error(f"{option_string} takes KEY=VALUE pairs, got {bad[0]!r} (e.g. "
+                         f"{bad[0]}=VALUE; quote values with spaces)")
+        super().__call__(parser, namespace, values, option_string)
+
+
+def add_cfg_options(parser: argparse.ArgumentParser) -> None:
+    """``--cfg-options KEY=VALUE ...``, as the toolkits' tools have it."""
+    parser.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction, metavar='KEY=VALUE',
+                        help='override config entries, e.g. train_cfg.max_iters=100')
+
+
 def add_runner_args(parser: argparse.ArgumentParser) -> None:
     """``--cfg-options``, ``--launcher`` and ``--local-rank``, as the toolkits' tools have them."""
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction, metavar='KEY=VALUE',
-                        help='override config entries, e.g. train_cfg.max_iters=100')
+    add_cfg_options(parser)
     parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
                         default='none', help='job launcher (tools/dist_train.sh: pytorch)')
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
@@ -66,6 +83,7 @@ def check_cfg_options(cfg: Config, options: dict) -> None:
     (``model.backbone.with_cp=True``) and new nested entries
     (``train_dataloader.dataset.metainfo.classes=...``).
     """
+    _check_schedule_options(cfg, options)
     for key in options:
         parts = key.split('.')
         node: Any = cfg._cfg_dict
@@ -86,6 +104,21 @@ def check_cfg_options(cfg: Config, options: dict) -> None:
                                   f"'{part}' (did you mean "
                                   f"'{'.'.join(parts[:depth] + close + parts[depth + 1:])}'?)")
             break
+
+
+def _check_schedule_options(cfg: Config, options: dict) -> None:
+    """Refuse ``train_cfg.max_iters`` on an epoch-based loop and ``max_epochs`` on an
+    iteration-based one (the loop would fail with an unexpected-argument traceback)."""
+    if 'train_cfg.type' in options:
+        return
+    train_cfg = cfg.get('train_cfg') or {}
+    for name, other, unit in (('max_iters', 'max_epochs', 'epochs'),
+                              ('max_epochs', 'max_iters', 'iterations')):
+        if f'train_cfg.{name}' in options and other in train_cfg and name not in train_cfg:
+            raise ConfigError(
+                f"--cfg-options train_cfg.{name}: this config trains by {unit} "
+                f"({train_cfg.get('type', 'its loop')} with train_cfg.{other}="
+                f'{train_cfg[other]}): set train_cfg.{other}=N instead')
 
 
 def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = 'none'

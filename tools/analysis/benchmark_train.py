@@ -63,7 +63,9 @@ from mmengine.registry import init_default_scope  # noqa: E402
 from benchmark import (MMDET_BACKBONES, cuda_missing, parse_size, quartiles,  # noqa: E402
                        sync)  # (same folder)
 from inline_mm.engine.amp import configure_amp  # noqa: E402
+from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import task_of  # noqa: E402
+from inline_mm.errors import ConfigError  # noqa: E402
 
 DEFAULT_CONFIG = osp.join(ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py')
 
@@ -93,6 +95,7 @@ def parse_args(argv=None):
                         'forward time of each part of the detector and the slowest operators '
                         '(torch.profiler, self CPU time)')
     parser.add_argument('--out', help='write the figures as JSON')
+    add_cfg_options(parser)
     args = parser.parse_args(argv)
     if args.device == 'cuda' and args.breakdown:
         parser.error('--breakdown times the parts on the host clock: CPU runs only '
@@ -281,10 +284,11 @@ def main(argv=None) -> dict:
             sys.exit(2)
     else:
         torch.set_num_threads(args.threads)
-    cfg = Config.fromfile(args.config)
+    cfg = load_config(args.config, args.cfg_options)
     if task_of(cfg) != 'mmdet':
-        raise ValueError(f'{args.config} is not a detection config: this benchmark times '
-                         f'detector training iterations')
+        raise ConfigError(f'{args.config} is a {task_of(cfg)} config: this benchmark times '
+                          f'detector training iterations (give a configs/det config; '
+                          f'segmentors: tools/analysis/benchmark.py --config)')
     init_default_scope('mmdet')
     # the optimiser builder logs one line per parameter group at INFO
     MMLogger.get_instance('mmengine', log_level='WARNING')
@@ -396,4 +400,4 @@ def main(argv=None) -> dict:
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(cli_main(main))

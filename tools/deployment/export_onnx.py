@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from inline_mm.engine.launch import cli_main  # noqa: E402
+from inline_mm.engine.launch import add_cfg_options, cli_main  # noqa: E402
 from inline_mm.deploy.onnx_export import (PARTS, TOLERANCE, build_model,  # noqa: E402
                                           export_onnx, require_onnx, verify_onnx,
                                           wrap_part)
@@ -67,13 +67,14 @@ def parse_args(argv=None):
     parser.add_argument('--tolerance', type=float, default=TOLERANCE,
                         help='largest relative difference --verify accepts')
     parser.add_argument('--threads', type=int, default=None, help='onnxruntime threads')
+    add_cfg_options(parser)
     return parser.parse_args(argv)
 
 
 def run(args) -> int:
     require_onnx()
     shape = tuple(args.shape)
-    model, _, task = build_model(args.config, args.checkpoint)
+    model, _, task = build_model(args.config, args.checkpoint, cfg_options=args.cfg_options)
     module = wrap_part(model, args.part, task)
     start = time.perf_counter()
     export_onnx(module, shape, args.out, dynamic=args.dynamic, batch=args.batch,

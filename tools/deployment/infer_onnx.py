@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from inline_mm.engine.launch import cli_main  # noqa: E402
+from inline_mm.engine.launch import add_cfg_options, cli_main  # noqa: E402
 from inline_mm.deploy.onnx_export import (DeployError, build_model,  # noqa: E402
                                           check_onnx_fits, onnx_session, require_onnx)
 
@@ -38,6 +38,7 @@ def parse_args(argv=None):
     parser.add_argument('--threads', type=int, default=None, help='onnxruntime threads')
     parser.add_argument('--compare-checkpoint', default=None,
                         help='also run PyTorch with this checkpoint and report label agreement')
+    add_cfg_options(parser)
     return parser.parse_args(argv)
 
 
@@ -47,7 +48,8 @@ def run(args) -> int:
     if missing:
         raise DeployError(f'image file(s) not found: {", ".join(missing)}')
     from inline_mm.deploy.segmentor import draw_images, predict_images
-    model, cfg, task = build_model(args.config, args.compare_checkpoint)
+    model, cfg, task = build_model(args.config, args.compare_checkpoint,
+                                   cfg_options=args.cfg_options)
     if task != 'mmseg':
         raise DeployError('infer_onnx.py runs segmentors; for detectors see '
                           'inline_mm.deploy.detector.predict_image')
