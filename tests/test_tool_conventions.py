@@ -101,7 +101,8 @@ FULL_DET = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn
     ('deployment/export_onnx.py', [DET_CONFIG, '--out', 'x.onnx', '--cfg-options',
                                    'model.backbone.drop_path_rat=0.1'],
      ["did you mean 'model.backbone.drop_path_rate'"]),
-    ('analysis/benchmark_train.py', [SEG_CONFIG, '--cfg-options', 'model.backbone.drop_path_rat=0.1'],
+    ('analysis/benchmark_train.py',
+     [SEG_CONFIG, '--cfg-options', 'model.backbone.drop_path_rat=0.1'],
      ["did you mean 'model.backbone.drop_path_rate'"]),
     ('analysis/benchmark_train.py', [SEG_CONFIG], ['is a mmseg config: this benchmark']),
 ])
