@@ -285,3 +285,30 @@ def test_an_annotation_file_that_is_a_json_list_is_named(tmp_path):
         json.dump(entries, f)
     with pytest.raises(DataError, match=r'instances_train.json is not a COCO annotation file'):
         data_checks.check_datasets(toy_config(root))
+
+
+def test_missing_images_are_counted_before_anything_is_built(tmp_path):
+    """A val image missing: one error naming it; a train image missing: a warning only,
+    since the training set skips bad samples; an image folder without the listed images:
+    one error naming the folder option."""
+    from inline_mm.errors import MissingFileError
+    root = str(tmp_path / 'coco')
+    make_coco_toy(root, num_train=3, num_val=2, image_size=64, seed=0)
+    with open(os.path.join(root, 'annotations', 'instances_val.json')) as f:
+        val_name = json.load(f)['images'][1]['file_name']
+    with open(os.path.join(root, 'annotations', 'instances_train.json')) as f:
+        train_name = json.load(f)['images'][0]['file_name']
+    os.remove(os.path.join(root, 'val', val_name))
+    with pytest.raises(MissingFileError, match=rf"1 of the 2 images that .*instances_val.json "
+                                              rf"lists are missing from .*: '{val_name}'"):
+        data_checks.check_datasets(toy_config(root))
+    # the val set complete again, a training image missing: SkipBadSamples handles it
+    make_coco_toy(root, num_train=3, num_val=2, image_size=64, seed=0)
+    os.remove(os.path.join(root, 'train', train_name))
+    data_checks.check_datasets(toy_config(root))
+    cfg = toy_config(root)
+    os.makedirs(os.path.join(root, 'empty'))
+    cfg.val_dataloader.dataset.data_prefix.img = 'empty/'
+    with pytest.raises(MissingFileError, match='none of the 2 images that .*instances_val.json '
+                                               'lists is in .*empty.*check data_prefix.img'):
+        data_checks.check_datasets(cfg)

@@ -20,12 +20,14 @@ import difflib
 import importlib
 import inspect
 import json
+import logging
 import os
 import os.path as osp
 import re
 from typing import Any, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from mmengine.config import Config, ConfigDict
+from mmengine.logging import print_log
 from mmengine.registry import DefaultScope
 
 from ..errors import ConfigError, DataError, MissingFileError, UserInputError
@@ -144,6 +146,12 @@ class CocoSummary(NamedTuple):
     num_images: int
     #: the ``category_id`` of every non-crowd annotation (once each)
     annotated: FrozenSet[Any]
+    #: the ``file_name`` of up to :data:`IMAGES_CHECKED` images, spread over the file
+    image_files: Tuple[str, ...] = ()
+
+
+#: how many image files of an annotation file the checks look for on disk
+IMAGES_CHECKED = 2000
 
 
 def read_coco_summary(path: str) -> Optional[CocoSummary]:
@@ -157,6 +165,7 @@ def read_coco_summary(path: str) -> Optional[CocoSummary]:
         DataError: the file cannot be read or is not valid JSON.
     """
     annotated = set()
+    image_files: List[str] = []
 
     def keep(obj: dict) -> Optional[dict]:
         if 'image_id' in obj and 'category_id' in obj:  # an annotation
@@ -166,7 +175,11 @@ def read_coco_summary(path: str) -> Optional[CocoSummary]:
                 except TypeError:  # an unhashable id names no category
                     pass
             return None
-        return None if 'file_name' in obj and 'id' in obj else obj  # an image entry
+        if 'file_name' in obj and 'id' in obj:  # an image entry
+            if isinstance(obj['file_name'], str):
+                image_files.append(obj['file_name'])
+            return None
+        return obj
 
     try:
         with open(path, 'rb') as f:
@@ -183,7 +196,8 @@ def read_coco_summary(path: str) -> Optional[CocoSummary]:
         categories=[c for c in categories if isinstance(c, dict)]
         if isinstance(categories, list) else [],
         num_images=len(images) if isinstance(images, list) else int(bool(images)),
-        annotated=frozenset(annotated))
+        annotated=frozenset(annotated),
+        image_files=tuple(image_files[::max(1, -(-len(image_files) // IMAGES_CHECKED))]))
 
 
 def _exact_json_error(path: str, err: Exception) -> Exception:
@@ -344,6 +358,7 @@ def check_datasets(cfg: Config, loaders: Iterable[str] = ('train_dataloader', 'v
             continue
         if task == 'mmdet' and ann_path and ann_path.endswith('.json'):
             if summaries[ann_path] is not None:
+                _check_image_files(cfg, loader, root, prefix, ann_path, summaries[ann_path])
                 _check_coco_classes(cfg, loader, ds, ann_path, summaries[ann_path])
             elif _is_coco_dataset(ds):  # pycocotools would fail with an AttributeError
                 raise DataError(
@@ -352,6 +367,37 @@ def check_datasets(cfg: Config, loaders: Iterable[str] = ('train_dataloader', 'v
                     f'a list). Point ann_file at the instances_*.json file of the set')
         elif task == 'mmseg' and prefix.get('seg_map_path'):
             _check_seg_labels(cfg, ds, _join(root, prefix['seg_map_path']))
+
+
+def _check_image_files(cfg: Config, loader: str, root: str, prefix: dict, ann_path: str,
+                       coco: CocoSummary) -> None:
+    """Look for (a sample of) the images an annotation file lists.
+
+    None found: the image folder is wrong (error).  Some missing: an error,
+    unless the loader's dataset is :class:`~inline_mm.engine.fault_tolerance.SkipBadSamples`,
+    which skips and logs them during training (a warning then).
+    """
+    folder = _join(root, prefix.get('img', prefix.get('img_path', '')) or '')
+    names = coco.image_files
+    missing = [n for n in names if not osp.isfile(osp.join(folder, n))]
+    if not missing:
+        return
+    sampled = f'{len(names)} checked' if len(names) < coco.num_images else f'{len(names)}'
+    first = ', '.join(repr(n) for n in missing[:5]) + (', ...' if len(missing) > 5 else '')
+    if len(missing) == len(names):
+        raise MissingFileError(
+            f'none of the {sampled} images that {ann_path} lists is in {folder + os.sep} '
+            f'(e.g. {first}): check data_prefix.img of {loader}.dataset')
+    text = (f'{len(missing)} of the {sampled} images that {ann_path} lists are missing from '
+            f'{folder + os.sep}: {first}')
+    top = (cfg.get(loader) or {}).get('dataset') or {}
+    if top.get('type') == 'SkipBadSamples':
+        print_log(f'{text}; SkipBadSamples skips and logs them (up to its limit)',
+                  logger='current', level=logging.WARNING)
+        return
+    raise MissingFileError(f'{text}: the run would stop at the first of them. Restore them, '
+                           f"or wrap {loader}.dataset in dict(type='SkipBadSamples', ...) to "
+                           f'skip them')
 
 
 def _is_coco_dataset(ds: ConfigDict) -> bool:
