@@ -670,3 +670,27 @@ def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9) -
         + f'. The checkpoint looks like {describe_model_state(state)}{origin}; the config '
         f'builds {type(model).__name__}, {describe_model_state(own)}. Pass the checkpoint '
         f'trained with this config, or the config the checkpoint was trained with')
+
+
+def check_pretrained_files(model_cfg: Any) -> None:
+    """Refuse, before a run writes anything, a backbone ``init_cfg`` checkpoint that is absent.
+
+    mmengine reads ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` only when
+    training starts, after the work dir and its log exist; the training tool
+    calls this first.  Remote paths (``scheme://``) are left to mmengine.
+
+    Raises:
+        MissingFileError: a local ``Pretrained`` checkpoint of the backbone does not exist.
+    """
+    backbone = (model_cfg or {}).get('backbone') or {}
+    init_cfg = backbone.get('init_cfg')
+    for cfg in init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]:
+        if not isinstance(cfg, dict) or cfg.get('type') != 'Pretrained':
+            continue
+        path = cfg.get('checkpoint')
+        if isinstance(path, str) and '://' not in path and not os.path.isfile(path):
+            raise MissingFileError(
+                f'checkpoint file not found: {path!r}, named by model.backbone.init_cfg.'
+                f"checkpoint: download the authors' ImageNet weights into checkpoints/ (see "
+                f'configs/det/README.md) or point init_cfg.checkpoint at your file '
+                f'(--cfg-options model.backbone.init_cfg=None trains from scratch)')

@@ -105,6 +105,10 @@ FULL_DET = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn
      [SEG_CONFIG, '--cfg-options', 'model.backbone.drop_path_rat=0.1'],
      ["did you mean 'model.backbone.drop_path_rate'"]),
     ('analysis/benchmark_train.py', [SEG_CONFIG], ['is a mmseg config: this benchmark']),
+    # the recipe's ImageNet checkpoint absent: refused before the work dir and log exist
+    ('train.py', [FULL_DET, '--work-dir', 'out'],
+     ["checkpoint file not found: 'checkpoints/inline_pvt_t.pth', named by "
+      'model.backbone.init_cfg.checkpoint']),
 ])
 def test_user_errors_of_the_tools_are_one_line(tmp_path, tool, args, expected):
     image = tmp_path / 'img.png'
