@@ -105,6 +105,9 @@ FULL_DET = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn
      [SEG_CONFIG, '--cfg-options', 'model.backbone.drop_path_rat=0.1'],
      ["did you mean 'model.backbone.drop_path_rate'"]),
     ('analysis/benchmark_train.py', [SEG_CONFIG], ['is a mmseg config: this benchmark']),
+    # a backbone name that is not one (was a KeyError traceback)
+    ('analysis/vis_attention.py', ['img.png', '--backbone', 'inline_pvt_x'],
+     ["unknown model 'inline_pvt_x': the InLine backbones are inline_pvt_t, inline_pvt_s"]),
     # the recipe's ImageNet checkpoint absent: refused before the work dir and log exist
     ('train.py', [FULL_DET, '--work-dir', 'out'],
      ["checkpoint file not found: 'checkpoints/inline_pvt_t.pth', named by "

@@ -57,6 +57,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+from inline_mm.errors import ConfigError  # noqa: E402
+
 # name -> (builder, family, softmax counterpart name or None)
 COUNTERPARTS = {'pvt': ('inline_pvt_t', 'mmdet_pvt_t'), 'swin': ('inline_swin_t', 'mmdet_swin_t'),
                 'deit': ('inline_deit_t', 'timm_deit_t'), 'cswin': ('inline_cswin_t', None)}
@@ -101,10 +103,16 @@ def build_backbone(name: str) -> nn.Module:
     if name.startswith('inline_') and name.endswith('+explicit'):
         return _ExplicitSoftmax(build_backbone(name[:-len('+explicit')]))
     if name.startswith('inline_'):
-        _, family, size = name.split('_')
-        arch = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large', 'b': 'base'}[size]
-        cls = {'pvt': inline_mm.InLinePVT, 'swin': inline_mm.InLineSwin,
-               'cswin': inline_mm.InLineCSWin, 'deit': inline_mm.InLineDeiT}[family]
+        families = {'pvt': inline_mm.InLinePVT, 'swin': inline_mm.InLineSwin,
+                    'cswin': inline_mm.InLineCSWin, 'deit': inline_mm.InLineDeiT}
+        sizes = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large', 'b': 'base'}
+        parts = name.split('_')
+        cls = families.get(parts[1]) if len(parts) == 3 else None
+        arch = sizes.get(parts[2]) if len(parts) == 3 else None
+        if cls is None or arch not in cls.arch_settings:
+            valid = ', '.join(f'inline_{f}_{k}' for f, c in families.items()
+                              for k, a in sizes.items() if a in c.arch_settings)
+            raise ConfigError(f'unknown model {name!r}: the InLine backbones are {valid}')
         return cls(arch=arch)
     if name in MMDET_BACKBONES:
         import mmdet.models  # noqa: F401  (registers the backbones)
@@ -130,7 +138,7 @@ def build_backbone(name: str) -> nn.Module:
         return VisionTransformer(img_size=224, patch_size=16, embed_dim=192, depth=12,
                                  num_heads=3, num_classes=0, global_pool='',
                                  dynamic_img_size=True, dynamic_img_pad=True)
-    raise ValueError(f'unknown model {name!r}: use inline_<family>_<t|s|m|l|b>, mmdet_pvt_t, '
+    raise ConfigError(f'unknown model {name!r}: use inline_<family>_<t|s|m|l|b>, mmdet_pvt_t, '
                      f'mmdet_swin_t, timm_deit_t, or --config')
 
 
