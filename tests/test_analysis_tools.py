@@ -202,6 +202,7 @@ def test_training_iteration_breakdown():
 
 
 def test_training_iteration_benchmark_refuses_a_segmentation_config():
-    with pytest.raises(ValueError, match='not a detection config'):
+    from inline_mm.errors import ConfigError
+    with pytest.raises(ConfigError, match='is a mmseg config: this benchmark times detector'):
         benchmark_train.main([os.path.join(REPO_ROOT, 'configs', 'seg', 'toy',
                                            'fpn_inline_pvt_toy.py'), '--repeats', '1'])
