@@ -174,3 +174,21 @@ def test_bad_budget_is_one_clear_line():
                          text=True, env=dict(os.environ, INLINE_MM_CACHE_MB='lots'))
     assert res.returncode != 0
     assert "INLINE_MM_CACHE_MB='lots' is not a size in MB" in res.stderr
+
+
+def test_a_jit_trace_leaves_the_cache_alone():
+    """mmengine's FLOP counter traces with torch.jit: sizes are traced tensors then, and an
+    entry built from them made the cache's byte count a tensor (a host read on every later
+    lookup)."""
+    from mmengine.analysis import get_model_complexity_info
+
+    from inline_mm import InLineSwin
+    from inline_mm.models.layers.cache import CACHE
+    CACHE.clear()
+    model = InLineSwin(arch='tiny', depths=[1, 1, 2, 2]).eval()
+    get_model_complexity_info(model, inputs=(torch.randn(1, 3, 97, 131),), show_table=False,
+                              show_arch=False)
+    assert isinstance(CACHE.nbytes, int) and len(CACHE) == 0
+    with torch.no_grad():
+        model(torch.randn(1, 3, 97, 131))
+    assert isinstance(CACHE.nbytes, int) and len(CACHE) > 0

@@ -18,7 +18,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmengine.config import Config  # noqa: E402
 
-from inline_mm.checkpoint import check_pretrained_files, load_checkpoint_file  # noqa: E402
+from inline_mm.checkpoint import load_checkpoint_file  # noqa: E402
 from inline_mm.engine.amp import configure_amp  # noqa: E402
 from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
                                      load_config, run_with_runner, set_local_rank)
@@ -48,7 +48,6 @@ def parse_args(argv=None):
 def build_config(args) -> Config:
     cfg = load_config(args.config, args.cfg_options, args.launcher)
     task_of(cfg)
-    check_pretrained_files(cfg.get('model'))  # before the work dir and its log exist
     cfg.work_dir = default_work_dir(cfg, args.config, args.work_dir)
     if args.amp:  # fp16 AMP on a GPU; bf16 autocast on the CPU (detectors: backbone + neck)
         configure_amp(cfg, task_of(cfg))
@@ -73,7 +72,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     cfg = build_config(args)
     run_with_runner(cfg, args.launcher, ('train_dataloader', 'val_dataloader'),
-                    lambda runner: runner.train())
+                    lambda runner: runner.train(), check_pretrained=True)
 
 
 if __name__ == '__main__':

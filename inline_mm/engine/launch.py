@@ -174,7 +174,8 @@ def init_process_group(cfg: Config, launcher: str) -> None:
 
 
 def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
-                    action: Callable[[Any], T], check_data: bool = True) -> T:
+                    action: Callable[[Any], T], check_data: bool = True,
+                    check_pretrained: bool = False) -> T:
     """Set up distributed processes, check the data, build the Runner, run ``action``.
 
     Args:
@@ -185,6 +186,8 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         action: called with the Runner, e.g. ``lambda r: r.train()``.
         check_data: run :func:`~inline_mm.engine.data_checks.check_datasets`
             (on process 0 of a multi-process job, its verdict shared).
+        check_pretrained: then refuse an absent backbone ``init_cfg`` checkpoint
+            (:func:`~inline_mm.checkpoint.check_pretrained_files`; training reads it).
 
     Returns:
         What ``action`` returns.
@@ -198,6 +201,9 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
     try:
         if check_data:
             check_datasets_once(cfg, loaders)
+        if check_pretrained:  # before the Runner writes the work dir and its log
+            from ..checkpoint import check_pretrained_files
+            check_pretrained_files(cfg.get('model'))
         runner = Runner.from_cfg(cfg)
         result = action(runner)
         finished = True

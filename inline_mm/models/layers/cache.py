@@ -91,7 +91,9 @@ class TensorCache:
         cached during inference is reused in training, where inference tensors
         cannot enter autograd.
         """
-        if symbolic.in_graph():
+        if symbolic.in_graph() or torch.jit.is_tracing():
+            # a jit trace (mmengine's FLOP counter) gives sizes as traced tensors: an entry
+            # built then would hold a traced size (and make the byte count a tensor)
             return build()
         hit = self._entries.get(key)
         if hit is not None:
