@@ -486,8 +486,34 @@ class SkipBadSamples:
                         self._add_bad(idx, path, by_path[path])
         elif hasattr(self.dataset, 'full_init'):
             self.dataset.full_init()
+        for k, path in enumerate(self._label_maps_without_image()):
+            self._add_bad(-1 - k, path, 'image missing')  # no index: not a sample of the set
         self._fully_initialized = True
         self._check_limit()
+
+    def _label_maps_without_image(self) -> List[str]:
+        """The label maps of an mmseg set listed from its image folder whose image is missing.
+
+        mmseg lists such a set's images (``img_dir``, no ``ann_file``), so a deleted
+        image would leave its sample out silently.
+        """
+        ds = self.dataset
+        prefix = getattr(ds, 'data_prefix', None) or {}
+        img_dir, seg_dir = prefix.get('img_path'), prefix.get('seg_map_path')
+        img_suffix, seg_suffix = getattr(ds, 'img_suffix', None), getattr(ds, 'seg_map_suffix',
+                                                                           None)
+        ann_file = getattr(ds, 'ann_file', '')
+        if not (img_dir and seg_dir and isinstance(img_suffix, str) and
+                isinstance(seg_suffix, str)) or (ann_file and not osp.isdir(ann_file)) or \
+                getattr(ds, '_indices', None) is not None or '://' in seg_dir or \
+                not osp.isdir(seg_dir):
+            return []
+        from mmengine.fileio import list_dir_or_file
+        listed = {ds.get_data_info(i).get('seg_map_path') for i in range(len(ds))}
+        return [osp.join(seg_dir, name) for name in sorted(list_dir_or_file(
+                    seg_dir, list_dir=False, suffix=seg_suffix, recursive=True))
+                if osp.join(seg_dir, name) not in listed and not osp.isfile(
+                    osp.join(img_dir, name[:-len(seg_suffix)] + img_suffix))]
 
     # -- bad-sample bookkeeping ----------------------------------------------
     @property
@@ -555,15 +581,16 @@ class SkipBadSamples:
             if cur in self._bad:
                 continue
             paths = self._paths(cur)
+            bad = paths[0] if paths else f'index {cur}'
             try:
                 for path in paths:
                     problem = file_problem(path)
                     if problem is not None:
+                        bad = path  # the file to fix: the label map, when it is the one
                         raise OSError(f'{problem}: {path}')
                 return self.dataset[cur]
             except Exception as err:  # any failure of this sample: skip it, keep the run
-                self._add_bad(cur, paths[0] if paths else f'index {cur}',
-                              f'{type(err).__name__}: {err}')
+                self._add_bad(cur, bad, f'{type(err).__name__}: {err}')
                 self._check_limit()
         raise BadSampleLimitError('every sample of the training set is bad')
 
