@@ -109,25 +109,102 @@ def test_ade20k_dataset_refuses_other_classes_clearly(shapes_ade, tmp_path):
                f'val_dataloader.dataset.data_root={shapes_ade}/',
                "train_dataloader.dataset.metainfo.classes=['background','circle']"])
     assert out.returncode == 2, out.stderr[-3000:]
-    assert "type='BaseSegDataset'" in out.stderr.strip().splitlines()[-1]
+    # the recipe builds its training set in place through SkipBadSamples
+    assert "use dataset_type='BaseSegDataset' in train_dataloader.dataset" in \
+        out.stderr.strip().splitlines()[-1]
+
+
+SEG_BASE = os.path.join(REPO_ROOT, 'configs', 'seg', 'fpn_inline-pvt-t_4xb4-80k_ade20k-512x512.py')
+DET_BASE = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
+
+
+def write_seg_config(path, root: str, config: str = '') -> str:
+    """The README's seg block (or ``config``, a variant of it), its base named by full path."""
+    config = config or readme_config('custom-ade-config')
+    path.write_text(config.replace("'./fpn_inline-pvt-t_4xb4-80k_ade20k-512x512.py'",
+                                   repr(SEG_BASE)).replace("'data/my_seg_set/'",
+                                                           repr(root + '/')))
+    return str(path)
+
+
+def seg_options(iters: int) -> list:
+    """Small for the CPU: no ImageNet weights, one block a stage, 96 px crops, batches of 2."""
+    return ['--cfg-options', 'model.backbone.init_cfg=None', 'model.backbone.depths=[1,1,1,1]',
+            'train_dataloader.dataset.pipeline.2.scale=(128,128)',
+            'train_dataloader.dataset.pipeline.3.crop_size=(96,96)',
+            'model.data_preprocessor.size=(96,96)', 'train_dataloader.batch_size=2',
+            f'train_cfg.max_iters={iters}', 'train_cfg.val_interval=10',
+            f'default_hooks.checkpoint.interval={iters}', 'default_hooks.logger.interval=1']
 
 
 @pytest.mark.slow
 def test_readme_seg_config_trains_on_the_set(shapes_ade, tmp_path):
-    config = readme_config('custom-ade-config')
-    path = tmp_path / 'my_fpn.py'
-    path.write_text(config.replace("'./fpn_inline-pvt-t_4xb4-80k_ade20k-512x512.py'",
-                                   repr(os.path.join(REPO_ROOT, 'configs', 'seg',
-                                                     'fpn_inline-pvt-t_4xb4-80k_ade20k-'
-                                                     '512x512.py')))
-                    .replace("'data/my_seg_set/'", repr(shapes_ade + '/')))
     work = tmp_path / 'work'
-    out = run([str(path), '--work-dir', str(work), '--cfg-options',
-               'model.backbone.init_cfg=None', 'model.backbone.depths=[1,1,1,1]',
-               'train_dataloader.dataset.pipeline.2.scale=(128,128)',
-               'train_dataloader.dataset.pipeline.3.crop_size=(96,96)',
-               'model.data_preprocessor.size=(96,96)', 'train_dataloader.batch_size=2',
-               'train_cfg.max_iters=2', 'train_cfg.val_interval=10',
-               'default_hooks.checkpoint.interval=2', 'default_hooks.logger.interval=1'])
+    out = run([write_seg_config(tmp_path / 'my_fpn.py', shapes_ade), '--work-dir', str(work),
+               *seg_options(2)])
     assert out.returncode == 0, out.stderr[-3000:]
     assert (work / 'iter_2.pth').is_file()
+    assert 'skipped bad sample' not in out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_readme_seg_config_skips_a_missing_image_and_a_truncated_label_map(tmp_path):
+    """One image deleted, one label map cut in half: both logged once as skipped, and
+    the run trains on the others (a limit raised from 1 % for a set of 6)."""
+    root = str(tmp_path / 'my_seg_set')
+    make_ade_toy(root, num_train=6, num_val=1, image_size=96, seed=4)
+    names = sorted(os.listdir(os.path.join(root, 'images', 'training')))
+    os.remove(os.path.join(root, 'images', 'training', names[1]))
+    orphan = os.path.join(root, 'annotations', 'training', names[1][:-4] + '.png')
+    truncated = os.path.join(root, 'annotations', 'training', names[3][:-4] + '.png')
+    with open(truncated, 'rb') as f:
+        data = f.read()
+    with open(truncated, 'wb') as f:
+        f.write(data[:len(data) // 2])
+    work = tmp_path / 'work'
+    # 3 batches of 2 draw every one of the 5 listed samples (InfiniteSampler's first pass)
+    out = run([write_seg_config(tmp_path / 'my_fpn.py', root), '--work-dir', str(work),
+               *seg_options(3), 'train_dataloader.dataset.max_bad_fraction=0.5'])
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (work / 'iter_3.pth').is_file()
+    log = out.stdout + out.stderr
+    skipped = re.findall(r'skipped bad sample (\S+): ([^\n]*)', log)
+    assert sorted(path for path, _ in skipped) == sorted([orphan, truncated]), log[-3000:]
+    reasons = dict(skipped)
+    assert reasons[orphan].startswith('image missing')
+    assert 'truncated PNG' in reasons[truncated]
+    assert re.search(r'Iter\(train\) \[3/3\].*loss: [0-9.]+', log), log[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('task', ['seg', 'det'])
+def test_type_over_the_in_place_wrapper_stops_with_one_line(task, shapes_ade, shapes_coco,
+                                                            tmp_path):
+    """The README's block with ``type=`` for the training set: one error line naming the
+    key path and the fix, exit 2, nothing written."""
+    if task == 'seg':
+        block = readme_config('custom-ade-config')
+        assert block.count("dataset_type='BaseSegDataset'") == 1
+        config = write_seg_config(tmp_path / 'my_fpn.py', shapes_ade,
+                                  block.replace("dataset_type='BaseSegDataset'",
+                                                "type='BaseSegDataset'"))
+        dataset_type = 'BaseSegDataset'
+    else:
+        block = readme_config('custom-coco-config')
+        anchor = 'train_dataloader = dict(dataset=dict(\n'
+        assert block.count(anchor) == 1
+        (tmp_path / 'my_mask_rcnn.py').write_text(
+            block.replace(anchor, anchor + "    type='CocoDataset',\n")
+            .replace("'./mask-rcnn_inline-pvt-t_fpn_1x_coco.py'", repr(DET_BASE))
+            .replace("'data/my_set/'", repr(shapes_coco + '/')))
+        config, dataset_type = str(tmp_path / 'my_mask_rcnn.py'), 'CocoDataset'
+    work = tmp_path / 'work'
+    out = run([config, '--work-dir', str(work), '--cfg-options', 'model.backbone.init_cfg=None'])
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert 'Traceback' not in out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: train_dataloader.dataset has type='{dataset_type}' but also "
+                           f"dataset_type="), line
+    assert f"write dataset_type='{dataset_type}' instead of type='{dataset_type}'" in line
+    assert '_delete_=True' in line
+    assert not work.exists()

@@ -312,3 +312,72 @@ def test_missing_images_are_counted_before_anything_is_built(tmp_path):
     with pytest.raises(MissingFileError, match='none of the 2 images that .*instances_val.json '
                                                'lists is in .*empty.*check data_prefix.img'):
         data_checks.check_datasets(cfg)
+
+
+SEG_RECIPE = os.path.join(REPO_ROOT, 'configs', 'seg',
+                          'fpn_inline-pvt-t_4xb4-80k_ade20k-512x512.py')
+DET_RECIPE = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
+
+
+@pytest.mark.parametrize('recipe,task,dataset_type', [(SEG_RECIPE, 'mmseg', 'BaseSegDataset'),
+                                                      (DET_RECIPE, 'mmdet', 'CocoDataset')])
+def test_type_over_the_in_place_wrapper_is_one_config_error(tmp_path, recipe, task,
+                                                            dataset_type):
+    """``type=`` written over the recipe's in-place SkipBadSamples leaves its keys to the
+    dataset (a TypeError when built): refused first, naming the key path and both fixes;
+    ``dataset_type=`` or ``_delete_=True`` pass on to the file checks."""
+    from mmengine.registry import init_default_scope
+
+    from inline_mm.errors import ConfigError, MissingFileError
+    nowhere = str(tmp_path / 'nowhere') + '/'
+    stale = Config.fromfile(recipe)
+    stale.merge_from_dict({'train_dataloader.dataset.type': dataset_type,
+                           'train_dataloader.dataset.data_root': nowhere})
+    # the independent evidence that the config is broken: the dataset refuses the key
+    init_default_scope(task)
+    registry = __import__(f'{task}.registry', fromlist=['DATASETS']).DATASETS
+    with pytest.raises(TypeError, match='dataset_type'):
+        registry.build(dict(stale.train_dataloader.dataset, lazy_init=True))
+    with pytest.raises(ConfigError) as err:
+        data_checks.check_datasets(stale)
+    message = str(err.value)
+    assert '\n' not in message
+    assert message.startswith(f"train_dataloader.dataset has type='{dataset_type}' but also "
+                              f"dataset_type='{stale.train_dataloader.dataset.dataset_type}'")
+    assert 'max_bad_fraction=0.01' in message
+    assert f"write dataset_type='{dataset_type}' instead of type='{dataset_type}'" in message
+    assert 'add _delete_=True to train_dataloader.dataset' in message
+    # the two fixes the message names: past the config check, to the (missing) data folder
+    fixed = Config.fromfile(recipe)
+    fixed.merge_from_dict({'train_dataloader.dataset.dataset_type': dataset_type,
+                           'train_dataloader.dataset.data_root': nowhere})
+    replaced = Config.fromfile(recipe)
+    replaced.merge_from_dict({'train_dataloader.dataset': dict(
+        _delete_=True, type=dataset_type, data_root=nowhere,
+        pipeline=replaced.train_dataloader.dataset.pipeline)})
+    for cfg in (fixed, replaced):
+        with pytest.raises(MissingFileError, match='nowhere'):
+            data_checks.check_datasets(cfg)
+
+
+def test_truncated_label_map_stops_the_val_set_only(tmp_path):
+    """A truncated label map: one DataError naming it in the validation set; in the
+    training set (SkipBadSamples) the check leaves it to the wrapper."""
+    from inline_mm.datasets import make_ade_toy
+    root = str(tmp_path / 'ade')
+    make_ade_toy(root, num_train=3, num_val=2, image_size=64, seed=0)
+    cfg = Config.fromfile(SEG_RECIPE)
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.data_root = root + '/'
+    data_checks.check_datasets(cfg)  # the intact set passes
+    for split in ('training', 'validation'):
+        folder = os.path.join(root, 'annotations', split)
+        path = os.path.join(folder, sorted(os.listdir(folder))[1])
+        with open(path, 'rb') as f:
+            data = f.read()
+        with open(path, 'wb') as f:
+            f.write(data[:len(data) // 2])
+        if split == 'training':
+            data_checks.check_datasets(cfg)
+    with pytest.raises(DataError, match=rf'label map {path} cannot be read \(truncated PNG'):
+        data_checks.check_datasets(cfg)

@@ -6,6 +6,9 @@ _base_ = ['mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py',
           '../_base_/runtime/inline_mm_runtime.py']
 custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
                       allow_failed_imports=False)
+# missing / truncated images and label maps are skipped and logged, up to 1 %
+train_dataloader = dict(dataset=dict(type='SkipBadSamples', dataset_type='ADE20KDataset',
+                                     max_bad_fraction=0.01))
 
 checkpoint = 'checkpoints/inline_pvt_t.pth'
 model = dict(

@@ -4,6 +4,9 @@ _base_ = ['mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20
           '../_base_/runtime/inline_mm_runtime.py']
 custom_imports = dict(imports=['inline_mm', 'inline_mm.engine'],
                       allow_failed_imports=False)
+# missing / truncated images and label maps are skipped and logged, up to 1 %
+train_dataloader = dict(dataset=dict(type='SkipBadSamples', dataset_type='ADE20KDataset',
+                                     max_bad_fraction=0.01))
 # atomic checkpoints, resume from the newest readable one (docs/reliability.md)
 default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
 

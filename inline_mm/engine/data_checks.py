@@ -31,6 +31,7 @@ from mmengine.logging import print_log
 from mmengine.registry import DefaultScope
 
 from ..errors import ConfigError, DataError, MissingFileError, UserInputError
+from .fault_tolerance import SkipBadSamples, file_problem
 
 #: expected layouts, quoted in errors about a missing data folder
 LAYOUTS = {
@@ -55,20 +56,25 @@ def task_of(cfg: Config) -> str:
 
 def dataset_configs(cfg: Config, loaders: Iterable[str]) -> List[Tuple[str, ConfigDict]]:
     """``(loader name, dataset config)`` of every dataset of ``loaders``, wrappers unwrapped."""
+    return [(name, ds) for name, _, ds in _dataset_leaves(cfg, loaders)]
+
+
+def _dataset_leaves(cfg: Config, loaders: Iterable[str]) -> List[Tuple[str, str, ConfigDict]]:
+    """``(loader name, key path, dataset config)`` of every dataset of ``loaders``."""
     found = []
     for name in loaders:
         loader = cfg.get(name)
         if not loader:
             continue
-        stack = [loader['dataset']]
+        stack = [(f'{name}.dataset', loader['dataset'])]
         while stack:  # unwrap RepeatDataset / ConcatDataset / MultiImageMixDataset ...
-            ds = stack.pop()
+            path, ds = stack.pop()
             if 'dataset' in ds:
-                stack.append(ds['dataset'])
+                stack.append((f'{path}.dataset', ds['dataset']))
             elif 'datasets' in ds:
-                stack.extend(ds['datasets'])
+                stack.extend((f'{path}.datasets.{i}', d) for i, d in enumerate(ds['datasets']))
             else:
-                found.append((name, ds))
+                found.append((name, path, ds))
     return found
 
 
@@ -78,14 +84,51 @@ def _join(root: str, path: str) -> str:
 
 def dataset_class(task: str, ds: ConfigDict) -> Optional[type]:
     """The dataset class a dataset config builds (None when it cannot be resolved)."""
-    registry = importlib.import_module(f'{task}.registry').DATASETS
-    importlib.import_module(f'{task}.datasets')  # registers the toolkit's datasets
     # a wrapper that builds its dataset in place names the dataset's type apart
-    ds_type = ds.get('dataset_type') or ds.get('type')
+    return _registered(task, ds.get('dataset_type') or ds.get('type'))
+
+
+def _registered(task: str, ds_type: Any) -> Optional[type]:
+    """The class a dataset ``type`` names in the task's registry (None when unknown)."""
     if not isinstance(ds_type, str):
         return ds_type if isinstance(ds_type, type) else None
+    registry = importlib.import_module(f'{task}.registry').DATASETS
+    importlib.import_module(f'{task}.datasets')  # registers the toolkit's datasets
     with DefaultScope.overwrite_default_scope(task):
         return registry.get(ds_type)
+
+
+def _builds_in_place(ds: ConfigDict) -> bool:
+    """Whether a dataset config is :class:`SkipBadSamples` building its dataset in place."""
+    return ds.get('type') == 'SkipBadSamples' and 'dataset_type' in ds
+
+
+def _check_dataset_type(task: str, path: str, ds: ConfigDict) -> None:
+    """Refuse the keys of an in-place ``SkipBadSamples`` left under another ``type``.
+
+    A recipe writes its training set as ``dict(type='SkipBadSamples',
+    dataset_type='CocoDataset', ...)``; a config that sets ``type='CocoDataset'``
+    over it keeps ``dataset_type`` (and the wrapper's limits), which the dataset's
+    constructor would refuse with a TypeError deep in mmengine.
+    """
+    if 'dataset_type' not in ds:
+        return
+    try:
+        cls = _registered(task, ds.get('type'))
+    except Exception:  # an unknown scope or type fails in the build with mmengine's message
+        return
+    if not isinstance(cls, type) or issubclass(cls, SkipBadSamples) or \
+            'dataset_type' in inspect.signature(cls.__init__).parameters:
+        return
+    own = ['dataset_type'] + [k for k in inspect.signature(SkipBadSamples.__init__).parameters
+                              if k in ds and k not in ('dataset', 'lazy_init', 'dataset_type')]
+    name = ds['type'] if isinstance(ds['type'], str) else cls.__name__
+    raise ConfigError(
+        f'{path} has type={name!r} but also '
+        f'{", ".join(f"{k}={ds[k]!r}" for k in own)} from the in-place SkipBadSamples of '
+        f'the base config, which {cls.__name__} does not take: write '
+        f'dataset_type={name!r} instead of type={name!r} (bad samples stay skipped), or '
+        f'add _delete_=True to {path} to replace the base config\'s dataset whole')
 
 
 def _config_classes(task: str, ds: ConfigDict) -> Tuple[Optional[Sequence[str]], str]:
@@ -256,7 +299,7 @@ def _check_coco_classes(cfg: Config, loader: str, ds: ConfigDict, ann_path: str,
                             f'{_short(classes)}: the training set would be empty')
 
 
-def _check_seg_labels(cfg: Config, ds: ConfigDict, seg_dir: str) -> None:
+def _check_seg_labels(cfg: Config, loader: str, ds: ConfigDict, seg_dir: str) -> None:
     classes, source = _config_classes('mmseg', ds)
     heads = _head_num_classes(cfg.get('model', {}))
     if classes is None:
@@ -267,7 +310,8 @@ def _check_seg_labels(cfg: Config, ds: ConfigDict, seg_dir: str) -> None:
             not set(classes) <= set(ade.METAINFO['classes']):
         raise DataError(
             'ADE20KDataset accepts only ADE20K\'s own 150 class names; for an ADE20K-format set '
-            "with classes of your own use type='BaseSegDataset' with img_suffix='.jpg', "
+            f"with classes of your own use {'dataset_type' if _builds_in_place(ds) else 'type'}"
+            f"='BaseSegDataset' in {loader}.dataset with img_suffix='.jpg', "
             "seg_map_suffix='.png', reduce_zero_label=True and metainfo=dict(classes=..., "
             'palette=...) (see "Train on your own data" in the README)')
     wrong_heads = [(p, n) for p, n in heads if n != len(classes)]
@@ -296,7 +340,18 @@ def _check_seg_labels(cfg: Config, ds: ConfigDict, seg_dir: str) -> None:
     files = sorted(f for f in os.listdir(seg_dir) if f.endswith(suffix))[:LABEL_MAPS_CHECKED]
     ignore = arg('ignore_index', 255)
     for name in files:
-        values = np.unique(np.asarray(Image.open(osp.join(seg_dir, name))))
+        path = osp.join(seg_dir, name)
+        try:
+            problem = file_problem(path)
+            values = None if problem else np.unique(np.asarray(Image.open(path)))
+        except OSError as err:  # decoding failed past the checks of file_problem
+            problem = f'{type(err).__name__}: {err}'
+        if problem:
+            if _skips_bad_samples(cfg, loader):
+                continue  # logged and skipped in training
+            raise DataError(f'label map {path} cannot be read ({problem}): the run would stop '
+                            f'at it. Restore it, or (training set) write {loader}.dataset as '
+                            f"dict(type='SkipBadSamples', dataset_type=..., ...) to skip it")
         if reduce_zero:  # 0 becomes the ignore index, k becomes k - 1
             values = values[values != 0] - 1
         bad = [int(v) for v in values if v != ignore and v >= len(classes)]
@@ -321,17 +376,24 @@ def check_datasets(cfg: Config, loaders: Iterable[str] = ('train_dataloader', 'v
     categories (COCO format) or cover the label values (segmentation maps),
     that the heads' ``num_classes`` equals the number of classes, and that the
     training set is not empty after mmdet filters it.  Each annotation file is
-    parsed once, however many loaders name it.
+    parsed once, however many loaders name it.  First of all, no dataset config may
+    keep the keys of a base config's in-place ``SkipBadSamples`` under another
+    ``type`` (:func:`_check_dataset_type`).
 
     Raises:
+        ConfigError: ``type=`` written over an in-place ``SkipBadSamples``.
         MissingFileError: a data root, image folder or annotation file is
             missing (the message names it and the layout expected).
-        DataError: an annotation file cannot be parsed, or the classes do not
+        DataError: an annotation file cannot be parsed, a label map cannot be read
+            (but in a training set that skips bad samples), or the classes do not
             fit (the message lists both and the lines to add to the config).
     """
     task = task_of(cfg)
+    leaves = _dataset_leaves(cfg, loaders)
+    for _, path, ds in leaves:  # the config itself first, then the files
+        _check_dataset_type(task, path, ds)
     summaries: Dict[str, Optional[CocoSummary]] = {}
-    for loader, ds in dataset_configs(cfg, loaders):
+    for loader, _, ds in leaves:
         root = ds.get('data_root', '') or ''
         prefix = ds.get('data_prefix') or {}
         ann = ds.get('ann_file')
@@ -366,7 +428,7 @@ def check_datasets(cfg: Config, loaders: Iterable[str] = ('train_dataloader', 'v
                     f"but not an object with 'images', 'annotations' and 'categories' (e.g. "
                     f'a list). Point ann_file at the instances_*.json file of the set')
         elif task == 'mmseg' and prefix.get('seg_map_path'):
-            _check_seg_labels(cfg, ds, _join(root, prefix['seg_map_path']))
+            _check_seg_labels(cfg, loader, ds, _join(root, prefix['seg_map_path']))
 
 
 def _check_image_files(cfg: Config, loader: str, root: str, prefix: dict, ann_path: str,
@@ -390,14 +452,19 @@ def _check_image_files(cfg: Config, loader: str, root: str, prefix: dict, ann_pa
             f'(e.g. {first}): check data_prefix.img of {loader}.dataset')
     text = (f'{len(missing)} of the {sampled} images that {ann_path} lists are missing from '
             f'{folder + os.sep}: {first}')
-    top = (cfg.get(loader) or {}).get('dataset') or {}
-    if top.get('type') == 'SkipBadSamples':
+    if _skips_bad_samples(cfg, loader):
         print_log(f'{text}; SkipBadSamples skips and logs them (up to its limit)',
                   logger='current', level=logging.WARNING)
         return
     raise MissingFileError(f'{text}: the run would stop at the first of them. Restore them, '
                            f"or wrap {loader}.dataset in dict(type='SkipBadSamples', ...) to "
                            f'skip them')
+
+
+def _skips_bad_samples(cfg: Config, loader: str) -> bool:
+    """Whether the loader's dataset is :class:`SkipBadSamples` (wrapper or in place)."""
+    top = (cfg.get(loader) or {}).get('dataset') or {}
+    return top.get('type') == 'SkipBadSamples'
 
 
 def _is_coco_dataset(ds: ConfigDict) -> bool:
