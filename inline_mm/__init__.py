@@ -1,10 +1,12 @@
 """inline-mm: InLine (injective linear attention) backbones for MMDetection and MMSegmentation.
 
 Importing the package registers the four backbone families into the model
-registry of every installed toolkit (``mmdet``, ``mmseg``, or both) and
-allow-lists the types of mmengine's own runner checkpoints for
-``weights_only`` loading (so ``--resume`` works on torch >= 2.6).  Configs load
-it with ``custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)``.
+registry of every installed toolkit (``mmdet``, ``mmseg``, or both) and changes
+nothing else in the process (torch's ``weights_only`` allow-list included: the
+types of mmengine's runner checkpoints are allowed only inside the plugin's own
+loads and the resume of runs with ``AtomicCheckpointHook``;
+:func:`allow_mmengine_checkpoints` is the explicit, process-wide opt-in).  Configs
+load it with ``custom_imports = dict(imports=['inline_mm'], allow_failed_imports=False)``.
 
 Nothing else is imported: the toy datasets (``inline_mm.datasets``) and the
 training extensions (hooks, optimiser wrappers: ``inline_mm.engine``) come in
@@ -15,8 +17,6 @@ from .models import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
 from .registry import available_toolkits, register_model
 
 __version__ = '0.1.0'
-
-allow_mmengine_checkpoints()
 
 __all__ = ['InLinePVT', 'InLineSwin', 'InLineCSWin', 'InLineDeiT', 'register_model',
            'available_toolkits', 'load_pretrained', 'allow_mmengine_checkpoints',

@@ -3,8 +3,12 @@
 * torch >= 2.6 loads with ``weights_only=True``; mmengine 0.10.7 writes
   objects of its own into runner checkpoints (the message hub's
   ``HistoryBuffer``, numpy arrays and scalars) and so cannot ``--resume``.
-  :func:`allow_mmengine_checkpoints` allow-lists exactly those types; any other
-  pickled object is still refused.
+  :func:`mmengine_checkpoint_globals` allow-lists exactly those types for the
+  loads inside it (the plugin's own loads and, through
+  :class:`~inline_mm.engine.AtomicCheckpointHook`, mmengine's resume); any
+  other pickled object is still refused, and importing the package changes
+  nothing in torch.  :func:`allow_mmengine_checkpoints` is the process-wide
+  opt-in for other training scripts.
 * :func:`load_checkpoint_file` reads the files the authors' training scripts
   write (weights beside the optimiser / scheduler / scaler state, a yacs
   ``CfgNode`` config or an argparse ``Namespace``, EMA weights), with yacs not
@@ -19,13 +23,14 @@
   detector / segmentor checkpoint fits the model built from a config.
 """
 import _compat_pickle
+import contextlib
 import logging
 import os
 import pickle
 import re
 import zipfile
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -36,18 +41,22 @@ from .errors import CheckpointError, CheckpointMismatchError, MissingFileError
 StateDict = Dict[str, Tensor]
 
 
+#: the statistics methods mmengine's ``HistoryBuffer`` defines (and registers by default)
+_HISTORY_BUFFER_STATISTICS = frozenset({'min', 'max', 'current', 'mean'})
+
+
 def _history_buffer_getattr(obj: object, name: str) -> object:
     """Stands in for ``getattr`` when unpickling: HistoryBuffer statistics only.
 
-    mmengine pickles ``HistoryBuffer._statistics_methods`` as
-    ``getattr(HistoryBuffer, 'mean')`` and so on.  Allowing the real
-    ``getattr`` would let a crafted file reach arbitrary callables, so this
-    resolves only the statistics methods of ``HistoryBuffer``.
+    mmengine pickles each buffer's table of statistics methods, whose entries
+    are ``HistoryBuffer``'s own methods, as ``getattr(HistoryBuffer, 'mean')``
+    and so on.  Allowing the real ``getattr`` would let a crafted file reach
+    arbitrary callables, so this resolves only those methods (statistics
+    registered from functions defined elsewhere pickle under their own names
+    and are refused as any other global).
     """
     from mmengine.logging import HistoryBuffer
-    # the defaults are registered lazily (on the first instance), so name them too
-    allowed = {'min', 'max', 'current', 'mean', *HistoryBuffer._statistics_methods}
-    if obj is HistoryBuffer and name in allowed:
+    if obj is HistoryBuffer and name in _HISTORY_BUFFER_STATISTICS:
         return getattr(HistoryBuffer, name)
     raise pickle.UnpicklingError(
         f'refused getattr({obj!r}, {name!r}) while loading with weights_only=True: only '
@@ -76,12 +85,30 @@ def _mmengine_checkpoint_globals() -> Dict[str, object]:
     return named
 
 
-def allow_mmengine_checkpoints() -> None:
-    """Allow-list the types mmengine's own runner checkpoints contain.
+def mmengine_checkpoint_globals() -> ContextManager[Any]:
+    """A context in which ``weights_only`` loads accept mmengine's runner checkpoints.
 
-    Needed from torch 2.6 on, where ``torch.load`` defaults to
-    ``weights_only=True``; older torch loads them as it is (mmengine passes no
-    ``weights_only``).
+    Inside it, ``torch.load`` (mmengine's resume included) also allows exactly
+    the types of :func:`_mmengine_checkpoint_types` (``HistoryBuffer``, numpy
+    arrays, dtypes and scalars, ``getattr`` only for HistoryBuffer's statistics
+    methods); on leaving, torch's allow-list is what it was.  A no-op on
+    torch < 2.6, whose ``torch.load`` defaults to ``weights_only=False`` and
+    cannot allow a stand-in under another name.
+    """
+    if _TORCH_NAMED_SAFE_GLOBALS:  # api-floor: guarded
+        return torch.serialization.safe_globals(_mmengine_checkpoint_types())
+    return contextlib.nullcontext()
+
+
+def allow_mmengine_checkpoints() -> None:
+    """Allow-list mmengine's runner checkpoint types in the whole process (explicit opt-in).
+
+    ``import inline_mm`` does not call this: the plugin's own loads and the
+    runs of configs with :class:`~inline_mm.engine.AtomicCheckpointHook` allow
+    the types only while they load (:func:`mmengine_checkpoint_globals`).
+    Call it in a training script of your own that resumes mmengine runner
+    checkpoints on torch >= 2.6 without that hook; it stays in effect until
+    the process ends.  A no-op on torch < 2.6.
     """
     if _TORCH_NAMED_SAFE_GLOBALS:  # api-floor: guarded
         torch.serialization.add_safe_globals(_mmengine_checkpoint_types())
@@ -189,7 +216,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     The allow-list is torch's own ``weights_only`` list plus
     :data:`AUTHOR_CHECKPOINT_GLOBALS` and the types of mmengine's runner
-    checkpoints (what :func:`allow_mmengine_checkpoints` adds on newer torch);
+    checkpoints (what :func:`mmengine_checkpoint_globals` adds on newer torch);
     any other class or function is refused before it is imported, as
     ``weights_only=True`` does.
     """
@@ -223,15 +250,17 @@ class _RestrictedPickleModule:
 def _load_restricted(path: str) -> Any:
     """``torch.load(weights_only=True)`` that also reads :data:`AUTHOR_CHECKPOINT_GLOBALS`.
 
-    On torch >= 2.6 the stand-ins are allowed under their pickled names for
-    this load only (``torch.serialization.safe_globals``); nothing else is
-    added to what ``weights_only`` accepts.  Older torch cannot allow a class
-    under another name, so the same allow-list is enforced by
+    On torch >= 2.6 the stand-ins and mmengine's runner checkpoint types are
+    allowed under their pickled names for this load only
+    (``torch.serialization.safe_globals``); nothing else is added to what
+    ``weights_only`` accepts, and torch's allow-list is unchanged afterwards.
+    Older torch cannot allow a class under another name, so the same
+    allow-list is enforced by
     :class:`_RestrictedUnpickler` (torch's own list plus the stand-ins).
     """
     if _TORCH_NAMED_SAFE_GLOBALS:  # api-floor: guarded
         allowed = [(cls, name) for name, cls in AUTHOR_CHECKPOINT_GLOBALS.items()]
-        with torch.serialization.safe_globals(allowed):
+        with torch.serialization.safe_globals(allowed + _mmengine_checkpoint_types()):
             return torch.load(path, map_location='cpu', weights_only=True)
     return torch.load(path, map_location='cpu', weights_only=False,
                       pickle_module=_RestrictedPickleModule)

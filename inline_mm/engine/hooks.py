@@ -20,6 +20,7 @@
 gradient skips the optimizer step) lives in its own module; it carries the
 preemption flag of :class:`PreemptionHook` in its one per-step host sync.
 """
+import functools
 import os
 import os.path as osp
 import random
@@ -35,6 +36,7 @@ from mmengine.registry import HOOKS
 from .fault_tolerance import (ATOMIC_BACKEND, PREEMPTED_EXIT_CODE, CheckpointWriteError,
                               PreemptionFlag, atomic_write, newest_readable_checkpoint,
                               remove_stale_temp_files)
+from ..checkpoint import mmengine_checkpoint_globals
 from .loops import ResumableEpochBasedTrainLoop
 
 
@@ -195,29 +197,87 @@ class RNGStateHook(Hook):
             _restore_rng(state)
 
 
+def _scope_checkpoint_globals(runner) -> None:
+    """Make ``runner.load_or_resume`` allow mmengine's runner checkpoint types while it loads.
+
+    torch >= 2.6 loads with ``weights_only=True``, which refuses what mmengine
+    pickles into its own checkpoints (the message hub); the Runner calls its
+    public ``load_or_resume()`` right after the ``before_run`` hooks.  The
+    allow-list applies inside that call only
+    (:func:`~inline_mm.checkpoint.mmengine_checkpoint_globals`): torch's
+    allow-list is unchanged before and after, also when the load fails.
+    """
+    load_or_resume = runner.load_or_resume
+    if getattr(load_or_resume, 'inline_mm_scoped', False):
+        return
+
+    @functools.wraps(load_or_resume)
+    def scoped_load_or_resume() -> None:
+        with mmengine_checkpoint_globals():
+            return load_or_resume()
+
+    scoped_load_or_resume.inline_mm_scoped = True  # type: ignore[attr-defined]
+    runner.load_or_resume = scoped_load_or_resume
+
+
+def _read_pointer(folder: str) -> Optional[str]:
+    """What the ``last_checkpoint`` file of ``folder`` names (None: no file)."""
+    path = osp.join(folder, 'last_checkpoint')
+    if not osp.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _point_to(runner, choice: Optional[str]) -> None:
+    """Make ``last_checkpoint`` name ``choice`` (or remove it for None), where it does not.
+
+    mmengine's ``--resume`` without a file (``resume=True``, no ``load_from``)
+    resumes from what this pointer names, and from nothing when it is absent.
+    """
+    folder = runner.work_dir
+    if _read_pointer(folder) == choice:
+        return
+    pointer = osp.join(folder, 'last_checkpoint')
+    if choice is not None:
+        atomic_write(choice, pointer)
+    elif osp.isfile(pointer):
+        runner.logger.warning(f'--resume: removed {pointer}, which names no readable '
+                              f'checkpoint')
+        os.remove(pointer)
+
+
 @HOOKS.register_module()
 class AtomicCheckpointHook(CheckpointHook):
     """``CheckpointHook`` that never leaves a torn checkpoint or a dangling pointer.
 
     * every checkpoint file and the ``last_checkpoint`` pointer are written to
       a temp file in the same folder, fsynced and renamed into place (see
-      :func:`~inline_mm.engine.fault_tolerance.atomic_write`);
+      :func:`~inline_mm.engine.atomic_io.atomic_write`);
     * with ``max_keep_ckpts``, the oldest checkpoint is deleted only after the
       new one and the pointer are in place;
     * a write that fails (read-only folder, full disk) stops the run with a
-      :class:`~inline_mm.engine.fault_tolerance.CheckpointWriteError` naming the
+      :class:`~inline_mm.engine.checkpoint_files.CheckpointWriteError` naming the
       path; the previous checkpoint and the pointer are untouched;
     * with ``resume=True`` and no checkpoint named (``--resume`` alone), it
       picks the newest checkpoint of the work dir that passes an integrity
-      check, logging each newer unreadable one, before the Runner resumes.
+      check, logging each newer unreadable one, and points ``last_checkpoint``
+      at it before the Runner resumes (mmengine resumes from what it names);
+    * mmengine's own load of the checkpoint (``Runner.load_or_resume``)
+      accepts the types mmengine pickles into runner checkpoints on torch >= 2.6,
+      during that load only.
 
     Arguments are those of mmengine's ``CheckpointHook``.  Saves go through
     the atomic local backend unless ``backend_args`` / ``file_client_args``
-    name another storage.
+    name another storage.  The periodic saves (``after_train_iter`` /
+    ``after_train_epoch``, the public hook methods) are this class's own; a
+    ``save_best`` checkpoint is written by mmengine's hook as it is.
     """
 
     def before_run(self, runner) -> None:
-        if not (runner._resume and runner._load_from is None):
+        _scope_checkpoint_globals(runner)
+        cfg = runner.cfg
+        if not (cfg.get('resume', False) and cfg.get('load_from') is None):
             return
         choice: List[Optional[str]] = [None]
         if is_main_process():
@@ -232,12 +292,11 @@ class AtomicCheckpointHook(CheckpointHook):
                                       f'training starts from the beginning')
             else:
                 runner.logger.info(f'--resume: resuming from {choice[0]}')
-        if get_world_size() > 1:
+            _point_to(runner, choice[0])
+        if get_world_size() > 1:  # after rank 0 wrote the pointer
             broadcast_object_list(choice)
-        if choice[0] is not None:
-            runner._load_from = choice[0]  # Runner.load_or_resume runs after before_run
-        else:
-            runner._resume = False
+            if not is_main_process():  # a work dir of this node's own
+                _point_to(runner, choice[0])
 
     def before_train(self, runner) -> None:
         if self.backend_args is None and self.file_client_args is None:
@@ -246,27 +305,36 @@ class AtomicCheckpointHook(CheckpointHook):
                 self.backend_args = dict(backend=ATOMIC_BACKEND)
         super().before_train(runner)
 
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        """Save every ``interval`` iterations (from ``save_begin``) and at the last one."""
+        if self.by_epoch:
+            return
+        if self.every_n_train_iters(runner, self.interval, self.save_begin) or \
+                (self.save_last and self.is_last_train_iter(runner)):
+            runner.logger.info(f'Saving checkpoint at {runner.iter + 1} iterations')
+            step = runner.iter + 1
+            self.save_step(runner, step, dict(epoch=runner.epoch, iter=step))
+
+    def after_train_epoch(self, runner) -> None:
+        """Save every ``interval`` epochs (from ``save_begin``) and after the last one."""
+        if not self.by_epoch:
+            return
+        if self.every_n_epochs(runner, self.interval, self.save_begin) or \
+                (self.save_last and self.is_last_train_epoch(runner)):
+            runner.logger.info(f'Saving checkpoint at {runner.epoch + 1} epochs')
+            step = runner.epoch + 1
+            self.save_step(runner, step, dict(epoch=step, iter=runner.iter))
+
     def save_now(self, runner, meta: Optional[dict] = None) -> str:
         """Save a checkpoint of the current iteration now (unless one was just written).
 
         Returns the path of the checkpoint of this iteration.  Called on every
         process (ranks > 0 take part in gathering the random states).
         """
-        if self.by_epoch:  # mid-epoch: say the epoch is not finished
-            name = f'{PREEMPT_PREFIX}{runner.iter + 1}.pth'
-            path = self.file_backend.join_path(self.out_dir, name)
-            if runner.message_hub.get_info('last_ckpt') != path:
-                self._write(runner, name, dict(epoch=runner.epoch, iter=runner.iter + 1),
-                            remove=[])
-                runner.message_hub.update_info('last_ckpt', path)
-            return path
-        step = runner.iter + 1
-        path = self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(step))
-        if runner.message_hub.get_info('last_ckpt') != path:
-            self._save_checkpoint_with_step(runner, step, dict(epoch=runner.epoch, iter=step))
-        return path
+        return save_checkpoint_now(self, runner)
 
-    def _save_checkpoint_with_step(self, runner, step: int, meta: dict) -> None:
+    def save_step(self, runner, step: int, meta: dict) -> None:
+        """Write the checkpoint of ``step`` (``filename_tmpl``), then drop the oldest kept."""
         remove: List[int] = []
         if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids and
                                             self.keep_ckpt_ids[-1] == step):
@@ -277,65 +345,95 @@ class AtomicCheckpointHook(CheckpointHook):
         ckpt_filename = self.filename_tmpl.format(step)
         self.last_ckpt = self.file_backend.join_path(self.out_dir, ckpt_filename)
         runner.message_hub.update_info('last_ckpt', self.last_ckpt)
-        self._write(runner, ckpt_filename, meta,
-                    [self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(s))
-                     for s in remove])
+        _write_checkpoint(self, runner, ckpt_filename, meta,
+                          [self.file_backend.join_path(self.out_dir, self.filename_tmpl.format(s))
+                           for s in remove])
 
-    def _write(self, runner, filename: str, meta: dict, remove: List[str]) -> None:
-        """Write a checkpoint and the pointer (rank 0), agree on success, then delete ``remove``."""
-        for hook in runner.hooks:
-            if isinstance(hook, RNGStateHook):
-                hook.gather()
-        path = self.file_backend.join_path(self.out_dir, filename)
-        error: Optional[BaseException] = None
-        if is_main_process():
-            try:
-                runner.save_checkpoint(
-                    self.out_dir, filename, self.file_client_args,
-                    save_optimizer=self.save_optimizer,
-                    save_param_scheduler=self.save_param_scheduler, meta=meta,
-                    by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
-                atomic_write(path, osp.join(runner.work_dir, 'last_checkpoint'))
-            except OSError as err:
-                error = err
-        if _agree(error is not None):
-            previous = [p for p in self._previous_checkpoints(runner, path)]
-            where = path  # the checkpoint the user looks for, not the temp file
-            reason = getattr(error, 'strerror', None) or str(error) if error else \
-                'the process of rank 0 could not write it'
-            raise CheckpointWriteError(
-                f'cannot write checkpoint {where}: {reason}. Nothing was overwritten: '
-                f'{"the previous checkpoint " + previous[0] + " and " if previous else ""}'
-                f'{osp.join(runner.work_dir, "last_checkpoint")} are intact; free space or '
-                f'make the work dir writable, then resume with --resume') from error
-        if is_main_process():
-            if not filename.startswith(PREEMPT_PREFIX):  # a later checkpoint replaces them
-                remove = remove + self._preempt_checkpoints()
-            for old in remove:
-                if old == path:
-                    continue
-                if self.file_backend.isfile(old):
-                    self.file_backend.remove(old)
-                elif self.file_backend.isdir(old):  # deepspeed checkpoints are folders
-                    self.file_backend.rmtree(old)
 
-    def _preempt_checkpoints(self) -> List[str]:
-        """The mid-epoch checkpoints of preemptions in the output folder."""
-        folder = str(self.out_dir)
-        if '://' in folder or not osp.isdir(folder):
-            return []
-        return [osp.join(folder, name) for name in sorted(os.listdir(folder))
-                if name.startswith(PREEMPT_PREFIX) and name.endswith('.pth')]
+def save_checkpoint_now(hook: CheckpointHook, runner) -> str:
+    """Save the checkpoint of the current iteration through ``hook`` (unless just written).
 
-    @staticmethod
-    def _previous_checkpoints(runner, failed: str) -> List[str]:
-        pointer = osp.join(runner.work_dir, 'last_checkpoint')
-        if osp.isfile(pointer):
-            with open(pointer) as f:
-                named = f.read().strip()
-            if named and named != failed and osp.isfile(named):
-                return [named]
+    Works with any ``CheckpointHook`` (its public settings: ``out_dir``,
+    ``filename_tmpl``, ``by_epoch``, ``file_backend`` ...).  Epoch-based runs
+    write ``preempt_iter_<n>.pth`` (mid-epoch: the epoch is not finished).
+    Returns the path of the checkpoint of this iteration.  Called on every
+    process (ranks > 0 take part in gathering the random states).
+    """
+    if hook.by_epoch:
+        name = f'{PREEMPT_PREFIX}{runner.iter + 1}.pth'
+        path = hook.file_backend.join_path(hook.out_dir, name)
+        if runner.message_hub.get_info('last_ckpt') != path:
+            _write_checkpoint(hook, runner, name, dict(epoch=runner.epoch, iter=runner.iter + 1),
+                              remove=[])
+            runner.message_hub.update_info('last_ckpt', path)
+        return path
+    step = runner.iter + 1
+    path = hook.file_backend.join_path(hook.out_dir, hook.filename_tmpl.format(step))
+    if runner.message_hub.get_info('last_ckpt') != path:
+        if isinstance(hook, AtomicCheckpointHook):
+            hook.save_step(runner, step, dict(epoch=runner.epoch, iter=step))
+        else:  # mmengine's hook keeps no count we could update: a checkpoint beside them
+            hook.last_ckpt = path
+            runner.message_hub.update_info('last_ckpt', path)
+            _write_checkpoint(hook, runner, hook.filename_tmpl.format(step),
+                              dict(epoch=runner.epoch, iter=step), remove=[])
+    return path
+
+
+def _write_checkpoint(hook: CheckpointHook, runner, filename: str, meta: dict,
+                      remove: List[str]) -> None:
+    """Write a checkpoint and the pointer (rank 0), agree on success, then delete ``remove``."""
+    for other in runner.hooks:
+        if isinstance(other, RNGStateHook):
+            other.gather()
+    path = hook.file_backend.join_path(hook.out_dir, filename)
+    error: Optional[BaseException] = None
+    if is_main_process():
+        try:
+            runner.save_checkpoint(
+                hook.out_dir, filename, hook.file_client_args,
+                save_optimizer=hook.save_optimizer,
+                save_param_scheduler=hook.save_param_scheduler, meta=meta,
+                by_epoch=hook.by_epoch, backend_args=hook.backend_args, **hook.args)
+            atomic_write(path, osp.join(runner.work_dir, 'last_checkpoint'))
+        except OSError as err:
+            error = err
+    if _agree(error is not None):
+        previous = _previous_checkpoints(runner, path)
+        where = path  # the checkpoint the user looks for, not the temp file
+        reason = getattr(error, 'strerror', None) or str(error) if error else \
+            'the process of rank 0 could not write it'
+        raise CheckpointWriteError(
+            f'cannot write checkpoint {where}: {reason}. Nothing was overwritten: '
+            f'{"the previous checkpoint " + previous[0] + " and " if previous else ""}'
+            f'{osp.join(runner.work_dir, "last_checkpoint")} are intact; free space or '
+            f'make the work dir writable, then resume with --resume') from error
+    if is_main_process():
+        if not filename.startswith(PREEMPT_PREFIX):  # a later checkpoint replaces them
+            remove = remove + _preempt_checkpoints(hook)
+        for old in remove:
+            if old == path:
+                continue
+            if hook.file_backend.isfile(old):
+                hook.file_backend.remove(old)
+            elif hook.file_backend.isdir(old):  # deepspeed checkpoints are folders
+                hook.file_backend.rmtree(old)
+
+
+def _preempt_checkpoints(hook: CheckpointHook) -> List[str]:
+    """The mid-epoch checkpoints of preemptions in the hook's output folder."""
+    folder = str(hook.out_dir)
+    if '://' in folder or not osp.isdir(folder):
         return []
+    return [osp.join(folder, name) for name in sorted(os.listdir(folder))
+            if name.startswith(PREEMPT_PREFIX) and name.endswith('.pth')]
+
+
+def _previous_checkpoints(runner, failed: str) -> List[str]:
+    named = _read_pointer(runner.work_dir)
+    if named and named != failed and osp.isfile(named):
+        return [named]
+    return []
 
 
 def _checkpoint_hook(runner) -> Optional[CheckpointHook]:
@@ -395,13 +493,7 @@ class PreemptionHook(Hook):
         elif not _agree(self.flag.received is not None):
             return
         hook = _checkpoint_hook(runner)
-        if isinstance(hook, AtomicCheckpointHook):
-            path = hook.save_now(runner)
-        elif hook is not None:
-            hook._save_checkpoint(runner)
-            path = runner.message_hub.get_info('last_ckpt')
-        else:
-            path = None
+        path = save_checkpoint_now(hook, runner) if hook is not None else None
         why = f'received {self.flag.name}' if self.flag.received else \
             'another process received a stop signal'
         runner.logger.warning(
