@@ -79,16 +79,13 @@ def toy_det_options(root: str, flip: bool = False, **extra) -> list:
     return ['--cfg-options'] + [f'{k}={v}' for k, v in opts.items()]
 
 
-def tool_env(**faults) -> dict:
-    """The environment of a tool subprocess: unbuffered, one OpenMP thread per process,
-    and the test-only fault injection (``INLINE_MM_FAULT_INJECTION``) if ``faults``."""
+def tool_env() -> dict:
+    """The environment of a tool subprocess: unbuffered, one OpenMP thread per process
+    (faults are test-only hooks in the run's config: tests/plugins/fault_hooks.py)."""
     env = dict(os.environ, PYTHONUNBUFFERED='1', OMP_NUM_THREADS='1')
     # the launchers (tools/dist_*.sh) run $PYTHON: the interpreter of this test run, not
     # whatever .venv/ or PATH has (make test-compat runs the suite in .venv-compat)
     env['PYTHON'] = sys.executable
-    env.pop('INLINE_MM_FAULT_INJECTION', None)
-    if faults:
-        env['INLINE_MM_FAULT_INJECTION'] = ';'.join(f'{k}={v}' for k, v in faults.items())
     return env
 
 

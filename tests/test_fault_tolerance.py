@@ -1,7 +1,9 @@
 """Training that survives a cluster: real processes, real signals, gloo on the CPU.
 
 Each test injects one fault into a tiny run of the toy Mask R-CNN config (8 images of
-128 px) and checks what survives; see docs/reliability.md.
+128 px) and checks what survives; see docs/reliability.md.  Faults that only code can
+make (a slow or failing checkpoint write, a NaN loss) come from the test-only hooks of
+tests/plugins/fault_hooks.py, added to the config of the run.
 """
 import glob
 import json
@@ -23,16 +25,62 @@ from inline_mm.engine.fault_tolerance import (PREEMPTED_EXIT_CODE, atomic_write,
 
 CONFIG, TRAIN = TOY_DET_CONFIG, TRAIN_TOOL
 DIST_TRAIN = os.path.join(REPO_ROOT, 'tools', 'dist_train.sh')
+#: the test-only hooks (fault_hooks.py, preempt_at.py)
+PLUGINS = os.path.join(REPO_ROOT, 'tests', 'plugins')
+sys.path.insert(0, PLUGINS)
+from fault_hooks import checkpoint_write_faults  # noqa: E402
 
 
 def options(root, flip=False, **extra):
     return toy_det_options(root, flip, **{'train_dataloader.batch_size': 2, **extra})
 
 
-def train(work, root, *args, faults=None, **extra):
-    return subprocess.run([sys.executable, TRAIN, CONFIG, '--work-dir', work, *args] +
-                          options(root, **extra), capture_output=True, text=True,
-                          env=tool_env(**(faults or {})), cwd=REPO_ROOT, timeout=600)
+def with_faults(work, *fault_hooks):
+    """The toy config with the test-only ``fault_hooks`` added (none: the config itself).
+
+    Written beside ``work``; the run needs :func:`fault_env` to import them.
+    """
+    if not fault_hooks:
+        return CONFIG
+    from mmengine.config import Config
+    base = Config.fromfile(CONFIG)
+    imports = list(base.custom_imports['imports']) + ['fault_hooks']
+    hooks = [dict(h) for h in base.custom_hooks] + list(fault_hooks)  # indices kept
+    path = work.rstrip(os.sep) + '_faults.py'
+    with open(path, 'w') as f:
+        f.write(f'_base_ = [{CONFIG!r}]\n'
+                f'custom_imports = dict(imports={imports!r}, allow_failed_imports=False)\n'
+                f'custom_hooks = {hooks!r}\n')
+    return path
+
+
+def fault_env():
+    """:func:`tool_env` with tests/plugins importable."""
+    env = tool_env()
+    env['PYTHONPATH'] = os.pathsep.join(p for p in (PLUGINS, env.get('PYTHONPATH')) if p)
+    return env
+
+
+def train(work, root, *args, faults=(), **extra):
+    """tools/train.py on the toy set; ``faults``: test-only hooks (fault_hooks.py)."""
+    return subprocess.run([sys.executable, TRAIN, with_faults(work, *faults), '--work-dir',
+                           work, *args] + options(root, **extra), capture_output=True,
+                          text=True, env=fault_env(), cwd=REPO_ROOT, timeout=600)
+
+
+def slow_writes(seconds, from_write):
+    """Checkpoint writes of the run take ``seconds`` from its ``from_write``-th on."""
+    return dict(type='CheckpointWriteFaultHook', slow=seconds, from_write=from_write)
+
+
+def failing_writes(error, from_write):
+    """Checkpoint writes of the run fail with ``error`` from its ``from_write``-th on."""
+    return dict(type='CheckpointWriteFaultHook', error=error, from_write=from_write)
+
+
+def nan_losses(*iterations):
+    """The losses of these 0-based iterations are NaN."""
+    return dict(type='NaNLossHook', iterations=list(iterations))
 
 
 def scalars(work_dir):
@@ -105,11 +153,11 @@ def train_workers(launcher_pid):
 
 # -- unit level ----------------------------------------------------------------------------
 
-def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path, monkeypatch):
+def test_atomic_write_keeps_the_old_file_when_the_write_fails(tmp_path):
     path = str(tmp_path / 'iter_1.pth')
     atomic_write(b'old', path)
-    monkeypatch.setenv('INLINE_MM_FAULT_INJECTION', 'write_error=ENOSPC:1')
-    with pytest.raises(OSError, match='No space left') as err:
+    with checkpoint_write_faults(error='ENOSPC'), \
+            pytest.raises(OSError, match='No space left') as err:
         atomic_write(b'new' * 1000, path)
     assert err.value.filename == path
     assert open(path, 'rb').read() == b'old'
@@ -150,10 +198,11 @@ def test_kill_during_a_checkpoint_save_resumes_from_a_readable_one(toy_root, tmp
     work = str(tmp_path / 'work')
     extra = {'train_cfg.max_iters': 6, 'default_hooks.checkpoint.interval': 2,
              'default_hooks.checkpoint.max_keep_ckpts': 1}
-    proc = subprocess.Popen([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
-                            options(toy_root, **extra), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=REPO_ROOT,
-                            env=tool_env(slow_write='60:2'))  # the 2nd save takes a minute
+    # the 2nd save takes a minute
+    proc = subprocess.Popen([sys.executable, TRAIN, with_faults(work, slow_writes(60, 2)),
+                             '--work-dir', work] + options(toy_root, **extra),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=REPO_ROOT, env=fault_env())
     try:
         writing = wait_for(lambda: glob.glob(os.path.join(work, '.iter_4.pth.*.tmp')), proc)
         assert writing, 'the save of iter_4.pth never started'
@@ -183,15 +232,15 @@ def test_unwritable_work_dir_at_save_time(toy_root, tmp_path, fault):
     work = str(tmp_path / 'work')
     extra = {'train_cfg.max_iters': 4, 'default_hooks.checkpoint.interval': 2}
     if fault == 'ENOSPC':
-        run = train(work, toy_root, faults=dict(write_error='ENOSPC:2'), **extra)
+        run = train(work, toy_root, faults=[failing_writes('ENOSPC', 2)], **extra)
         reason = 'No space left on device'
     else:
         if shutil.which('chattr') is None:
             pytest.skip('chattr not available')
-        proc = subprocess.Popen([sys.executable, TRAIN, CONFIG, '--work-dir', work] +
-                                options(toy_root, **extra), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT,
-                                env=tool_env(slow_write='5:2'))
+        proc = subprocess.Popen([sys.executable, TRAIN, with_faults(work, slow_writes(5, 2)),
+                                 '--work-dir', work] + options(toy_root, **extra),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=REPO_ROOT, env=fault_env())
         try:
             assert wait_for(lambda: os.path.exists(os.path.join(work, 'last_checkpoint')), proc)
             # chmod does not stop root; an immutable folder does (checked here)
@@ -221,7 +270,7 @@ def test_nan_loss_skips_the_step_and_too_many_stop_the_run(toy_root, tmp_path):
     work = str(tmp_path / 'once')
     extra = {'train_cfg.max_iters': 5, 'default_hooks.checkpoint.interval': 1,
              'default_hooks.checkpoint.max_keep_ckpts': -1}
-    run = train(work, toy_root, faults=dict(nan_loss='3'), **extra)  # 0-based: iteration 4
+    run = train(work, toy_root, faults=[nan_losses(3)], **extra)  # 0-based: iteration 4
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-3000:]
     assert 'non-finite loss or gradient at iteration 4: optimizer step skipped' in out
@@ -232,7 +281,7 @@ def test_nan_loss_skips_the_step_and_too_many_stop_the_run(toy_root, tmp_path):
     assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
 
     work = str(tmp_path / 'three')
-    run = train(work, toy_root, faults=dict(nan_loss='2,3,4'),
+    run = train(work, toy_root, faults=[nan_losses(2, 3, 4)],
                 **{**extra, 'custom_hooks.3.max_consecutive': 3})
     assert run.returncode != 0
     assert 'not finite in 3 iterations in a row (3-5' in run.stderr

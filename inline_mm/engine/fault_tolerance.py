@@ -16,27 +16,14 @@ holds the parts that do not depend on a Runner:
 * :class:`PreemptionFlag`: SIGTERM / SIGUSR1 handlers that only set a flag;
 * :class:`SkipBadSamples`: a dataset wrapper that skips unreadable images and
   degenerate annotations, logs each file once, and stops the run past a limit.
-
-Fault injection for the tests: the environment variable
-``INLINE_MM_FAULT_INJECTION`` (``key=value`` pairs separated by ``;``) is read
-only by the tests' runs; unset, nothing here changes behaviour.  Keys:
-``slow_write=SECONDS:N`` (from the N-th checkpoint write of the process on, a
-write takes this long),
-``write_error=ERRNO_NAME:N`` (the N-th checkpoint write of the process, and every
-later one, fails with that errno, e.g. ``ENOSPC:2``), ``nan_loss=I,J`` (the loss
-of these 0-based iterations becomes NaN, see
-:class:`~inline_mm.engine.nonfinite.NonFiniteLossHook`).
 """
-import errno
 import fcntl
 import logging
-import math
 import os
 import os.path as osp
 import re
 import signal
 import tempfile
-import time
 import weakref
 import zipfile
 from pathlib import Path
@@ -54,9 +41,6 @@ PREEMPTED_EXIT_CODE = 75
 #: name of the atomic local file backend in mmengine's file backend registry
 ATOMIC_BACKEND = 'inline_mm_atomic_local'
 
-FAULT_ENV = 'INLINE_MM_FAULT_INJECTION'
-_writes = 0  # checkpoint files written by this process (for ``write_error``)
-
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint or the ``last_checkpoint`` pointer could not be written."""
@@ -64,12 +48,6 @@ class CheckpointWriteError(RuntimeError):
 
 class BadSampleLimitError(RuntimeError):
     """More bad samples than a :class:`SkipBadSamples` wrapper allows."""
-
-
-def fault_injection() -> Dict[str, str]:
-    """The test-only fault injection settings (empty unless the tests set them)."""
-    spec = os.environ.get(FAULT_ENV, '')
-    return dict(item.split('=', 1) for item in spec.split(';') if '=' in item)
 
 
 def fsync_dir(folder: str) -> None:
@@ -84,22 +62,6 @@ def fsync_dir(folder: str) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def _injected_write_fault(path: str) -> Tuple[float, Optional[int]]:
-    """(seconds to spend writing, errno to fail with) for a checkpoint file in a test run."""
-    global _writes
-    faults = fault_injection()
-    if not faults or not path.endswith('.pth'):
-        return 0.0, None
-    _writes += 1
-    fail = None
-    if 'write_error' in faults:
-        name, _, nth = faults['write_error'].partition(':')
-        if _writes >= int(nth or 1):
-            fail = getattr(errno, name)
-    slow, _, nth = faults.get('slow_write', '0').partition(':')
-    return (float(slow) if _writes >= int(nth or 1) else 0.0), fail
 
 
 def _umask() -> int:
@@ -131,22 +93,13 @@ def atomic_write(data: Union[bytes, str], path: str) -> None:
         data = data.encode('utf-8')
     folder = osp.dirname(osp.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    slow, fail = _injected_write_fault(path)
     fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
     try:
         # mkstemp makes the file 0600; give it the mode open() would (0666 less the umask),
         # so teammates on shared storage read checkpoints as they read mmengine's own
         os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, 'wb') as f:
-            chunks = 20 if slow else 1
-            size = math.ceil(len(data) / chunks) or 1
-            for start in range(0, len(data), size):
-                f.write(data[start:start + size])
-                if slow:
-                    f.flush()
-                    time.sleep(slow / chunks)
-                if fail is not None:
-                    raise OSError(fail, os.strerror(fail), path)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

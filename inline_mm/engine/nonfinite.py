@@ -18,8 +18,6 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from mmengine.registry import HOOKS
 from torch import Tensor
 
-from .fault_tolerance import fault_injection
-
 
 class NonFiniteLossError(RuntimeError):
     """Too many consecutive iterations with a non-finite loss or gradient."""
@@ -102,7 +100,6 @@ class NonFiniteLossHook(Hook):
         state: dict = dict(loss_bad=None)
 
         def guarded_update_params(loss: Tensor, step_kwargs=None, zero_kwargs=None):
-            loss = self._inject(loss)
             bad = ~torch.isfinite(loss.detach()).all()
             state['loss_bad'] = bad if state['loss_bad'] is None else state['loss_bad'] | bad
             return update_params(loss, step_kwargs, zero_kwargs)
@@ -132,14 +129,6 @@ class NonFiniteLossHook(Hook):
         wrapper.update_params = guarded_update_params
         wrapper.step = guarded_step
         wrapper._inline_mm_guarded = True
-
-    def _inject(self, loss: Tensor) -> Tensor:
-        """Test-only: a NaN loss at the iterations named in the fault injection settings."""
-        spec = fault_injection().get('nan_loss')
-        if spec and self._runner is not None and \
-                self._runner.iter in {int(i) for i in spec.split(',')}:
-            return loss * float('nan')
-        return loss
 
     def _count(self, bad: bool) -> bool:
         runner = self._runner
