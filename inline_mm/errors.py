@@ -35,3 +35,12 @@ class CheckpointError(UserInputError, RuntimeError):
 
 class CheckpointMismatchError(CheckpointError):
     """A readable checkpoint is of another model: another arch, family or task."""
+
+
+class ToolkitVersionError(UserInputError, ImportError):
+    """The installed mmengine / mmcv / mmdet / mmseg do not form a stack the plugin runs on.
+
+    Raised by ``import inline_mm`` (see :mod:`inline_mm.stack`) before any toolkit is
+    imported; the message names the versions found, the ranges expected and the pip
+    command that fixes the environment.
+    """

@@ -1,10 +1,14 @@
 """The plugin fits an existing OpenMMLab environment: ranges, light import, one toolkit."""
 import configparser
+import fnmatch
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
+import tempfile
 
 import pytest
 from conftest import REPO_ROOT
@@ -30,12 +34,15 @@ def test_setup_cfg_declares_ranges_not_pins():
     cfg = _setup_cfg()
     requires = _requirements(cfg['options']['install_requires'])
     names = {re.split(r'[<>=!~ ]', r)[0] for r in requires}
-    assert {'torch', 'mmengine', 'mmcv', 'timm'} <= names
-    assert not [r for r in requires if '==' in r], requires
-    assert 'mmcv>=2.0,<2.2' in requires
+    # mmengine / mmcv come in two lines (OpenMMLab's, OneDL's): through the extras only
+    assert {'torch', 'timm'} <= names and not names & {'mmengine', 'mmcv'}, names
     extras = cfg['options.extras_require']
+    assert not [r for key in ['options', 'options.extras_require'] for r in
+                _requirements('\n'.join(cfg[key].values())) if '==' in r]
+    assert 'mmcv>=2.0,<2.2' in _requirements(extras['mmdet'])
     assert 'mmdet>=3.0,<3.4' in _requirements(extras['mmdet'])
     assert 'mmsegmentation>=1.0,<1.3' in _requirements(extras['mmseg'])
+    assert 'onedl-mmcv>=2.3,<2.4' in _requirements(extras['onedl'])
     # the exact stack of the two-command path lives in the install script's constraints
     pins = _requirements(open(os.path.join(REPO_ROOT, 'scripts', 'constraints.txt')).read())
     assert 'torch==2.14.1' in pins and 'mmcv==2.1.0' in pins
@@ -144,3 +151,137 @@ def test_the_toolkits_own_tools_find_their_imports(toolkit, tools):
         out = subprocess.run([sys.executable, available[tool], '--help'], capture_output=True,
                              text=True, cwd=REPO_ROOT)
         assert out.returncode == 0, f'{toolkit} tools/{tool}: {out.stderr[-1500:]}'
+
+
+# --- installing into an environment that holds a whole stack already ---------------------
+
+#: site-packages entries of this environment a new one leaves out: inline-mm itself, and
+#: (for OneDL's line) OpenMMLab's packages, which OneDL's distributions install instead
+INLINE_MM_ENTRIES = ('inline_mm', 'inline_mm-*', '__editable__*inline_mm*')
+OPENMMLAB_ENTRIES = ('mmengine', 'mmengine-*', 'mmcv', 'mmcv-*', 'mmdet', 'mmdet-*', 'mmseg',
+                     'mmsegmentation-*')
+
+
+def _environment_over_this_one(root, hide):
+    """A new virtual environment that sees this one's site-packages less ``hide``.
+
+    Its ``.pth`` file names a folder of symlinks to this environment's entries, so pip
+    there finds torch, mmcv, mmdet, ... installed, without a copy of them.
+    """
+    site = sysconfig.get_paths()['purelib']
+    parent = root / 'parent-site-packages'
+    parent.mkdir()
+    for name in os.listdir(site):
+        if not any(fnmatch.fnmatch(name, pattern) for pattern in hide):
+            os.symlink(os.path.join(site, name), parent / name)
+    venv = root / 'venv'
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
+    python = str(venv / 'bin' / 'python')
+    own = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))'],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(own, 'parent.pth'), 'w') as file:
+        file.write(f'{parent}\n')
+    return python
+
+
+def _project_copy(root):
+    """The packaging files and the package: the install writes its egg-info there."""
+    project = root / 'inline-mm'
+    shutil.copytree(os.path.join(REPO_ROOT, 'inline_mm'), project / 'inline_mm',
+                    ignore=shutil.ignore_patterns('__pycache__'))
+    for name in ('setup.cfg', 'pyproject.toml', 'README.md'):
+        shutil.copy(os.path.join(REPO_ROOT, name), project / name)
+    return project
+
+
+def _pip(python, *args, check=True):
+    out = subprocess.run([python, '-m', 'pip', '--disable-pip-version-check', *args],
+                         capture_output=True, text=True, timeout=1200)
+    if check:
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _install_changes_only_inline_mm(python, project, extras):
+    """``pip install -e project[extras]`` with no index at all: everything else must be
+    installed already, and pip freeze differs by inline-mm only."""
+    before = set(_pip(python, 'freeze', '--all').stdout.splitlines())
+    out = _pip(python, 'install', '--no-index', '--no-build-isolation',
+               '-e', f'{project}[{extras}]', check=False)
+    # without an index, a requirement not installed already fails the install here
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.findall(r'^Successfully installed (.*)$', out.stdout, re.M) == ['inline-mm-0.1.0']
+    after = set(_pip(python, 'freeze', '--all').stdout.splitlines())
+    assert not before - after, sorted(before - after)
+    # the editable inline-mm: its line (and pip's comment on it)
+    assert after - before and all('inline-mm' in line or str(project) in line
+                                  for line in after - before), sorted(after - before)
+
+
+def test_install_into_an_openmmlab_environment_changes_nothing_else(tmp_path):
+    """This environment (OpenMMLab's line) plus ``pip install -e .[all]``: only inline-mm."""
+    python = _environment_over_this_one(tmp_path, INLINE_MM_ENTRIES)
+    project = _project_copy(tmp_path)
+    _install_changes_only_inline_mm(python, project, 'all')
+    out = subprocess.run([python, '-c', 'import inline_mm; print(inline_mm.__file__)'],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == str(project / 'inline_mm' / '__init__.py')
+
+
+def _constraint_pins(name):
+    text = open(os.path.join(REPO_ROOT, 'scripts', name)).read()
+    return dict(re.findall(r'^([A-Za-z0-9_.-]+)==(\S+)', text, re.M))
+
+
+def _onedl_wheels():
+    """OneDL's distributions at scripts/constraints-onedl.txt's pins, as wheels for pip's view.
+
+    onedl-mmcv's setup.py always compiles its ops (minutes on 2 cores): this metadata-only
+    build leaves the extension out, which is enough for what pip resolves.  Built once from
+    PyPI into the cache of scripts/install.sh; skipped when PyPI cannot be reached.
+    """
+    pins = _constraint_pins('constraints-onedl.txt')
+    dists = ['onedl-mmengine', 'onedl-mmcv', 'onedl-mmdetection', 'onedl-mmsegmentation']
+    cache = os.environ.get('INLINE_MM_CACHE') or os.path.join(
+        os.environ.get('XDG_CACHE_HOME', os.path.expanduser('~/.cache')), 'inline-mm')
+    folder = os.path.join(cache, 'wheels', 'onedl-metadata-only-' + '-'.join(
+        pins[d] for d in dists))
+    wheels = sorted(glob.glob(os.path.join(folder, '*.whl')))
+    if len(wheels) == len(dists):
+        return wheels
+    with tempfile.TemporaryDirectory() as build:
+        out = _pip(sys.executable, 'download', '--no-deps', '-d', build,
+                   *[f'{d}=={pins[d]}' for d in dists], check=False)
+        if out.returncode != 0:
+            pytest.skip(f'OneDL\'s distributions could not be downloaded: {out.stderr[-300:]}')
+        for sdist in glob.glob(os.path.join(build, '*.tar.gz')):
+            subprocess.run(['tar', '-xzf', sdist, '-C', build], check=True)
+            source = sdist[:-len('.tar.gz')]
+            if os.path.basename(source).startswith('onedl_mmcv-'):
+                setup_py = os.path.join(source, 'setup.py')
+                text = open(setup_py).read()
+                assert 'ext_modules=get_extensions(),' in text
+                with open(setup_py, 'w') as file:
+                    file.write(text.replace('ext_modules=get_extensions(),', 'ext_modules=[],'))
+            _pip(sys.executable, 'wheel', '--no-deps', '--no-build-isolation', '--no-index',
+                 '-w', os.path.join(build, 'dist'), source)
+        os.makedirs(folder, exist_ok=True)
+        for wheel in glob.glob(os.path.join(build, 'dist', '*.whl')) + glob.glob(
+                os.path.join(build, '*.whl')):
+            shutil.copy(wheel, os.path.join(folder, os.path.basename(wheel)))
+    return sorted(glob.glob(os.path.join(folder, '*.whl')))
+
+
+def test_install_into_a_onedl_environment_changes_nothing_else(tmp_path):
+    """OneDL's line (no OpenMMLab mmengine / mmcv / mmdet / mmseg in sight) plus ``pip
+    install -e .[onedl]``: only inline-mm; no OpenMMLab mmcv is fetched over onedl-mmcv."""
+    wheels = _onedl_wheels()
+    python = _environment_over_this_one(tmp_path, INLINE_MM_ENTRIES + OPENMMLAB_ENTRIES)
+    # the user's OneDL environment: the four distributions and what they require
+    out = _pip(python, 'install', '--no-build-isolation', *wheels, check=False)
+    if out.returncode != 0 and 'No matching distribution' in out.stderr:
+        pytest.skip(f'the requirements of OneDL\'s distributions: {out.stderr[-300:]}')
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    project = _project_copy(tmp_path)
+    _install_changes_only_inline_mm(python, project, 'onedl')
