@@ -29,10 +29,13 @@ test-gpu: install
 	else echo "no GPU table written"; fi; \
 	exit $$status
 
-# the whole suite on the oldest supported stack (scripts/constraints-oldest.txt), in
-# .venv-compat (not in CI); scripts/dump_api_inventory.py runs there too
+# the whole suite on a second stack (not in CI): STACK=oldest (the default), the oldest
+# supported stack (scripts/constraints-oldest.txt) in .venv-compat, where
+# scripts/dump_api_inventory.py runs too; STACK=onedl, OneDL's continuation of the
+# toolkits (scripts/constraints-onedl.txt) in .venv-onedl
+STACK ?= oldest
 test-compat:
-	@bash scripts/test_compat.sh
+	@bash scripts/test_compat.sh $(STACK) $(PYTEST_ARGS)
 
 demo: install
 	$(PY) tools/demo.py --task det

@@ -18,12 +18,21 @@ PYTHON_BIN="${PYTHON:-python3.11}"
 CONSTRAINTS="${INLINE_MM_CONSTRAINTS:-$ROOT/scripts/constraints.txt}"
 pin() { sed -n "s/^$1==\([^ ]*\).*/\1/p" "$CONSTRAINTS"; }
 TORCH_VERSION="$(pin torch)"
-MMCV_VERSION="$(pin mmcv)"
+# the line of the toolkits the constraints pin: OpenMMLab's (mmengine, mmcv) or OneDL's
+# continuation (onedl-mmengine, onedl-mmcv: scripts/constraints-onedl.txt), same import names
+if grep -q '^onedl-mmcv==' "$CONSTRAINTS"; then
+  MMENGINE_DIST=onedl-mmengine MMCV_DIST=onedl-mmcv
+else
+  MMENGINE_DIST=mmengine MMCV_DIST=mmcv
+fi
+MMCV_VERSION="$(pin "$MMCV_DIST")"
+# the file-name form of the distribution name (sdists and wheels: onedl_mmcv-2.3.6...)
+MMCV_STEM="${MMCV_DIST//-/_}"
 # extras of inline-mm installed by this script; INLINE_MM_EXTRAS overrides (e.g. "mmdet,tests")
 EXTRAS="${INLINE_MM_EXTRAS:-all,tests,deploy}"
 
 CACHE_DIR="${INLINE_MM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/inline-mm}"
-WHEEL_DIR="$CACHE_DIR/wheels/mmcv-$MMCV_VERSION-torch$TORCH_VERSION-py311"
+WHEEL_DIR="$CACHE_DIR/wheels/$MMCV_DIST-$MMCV_VERSION-torch$TORCH_VERSION-py311"
 
 say() { printf '\033[1m[install]\033[0m %s\n' "$*"; }
 die() { printf '\033[31m[install] ERROR:\033[0m %s\n' "$*" >&2; exit 1; }
@@ -69,7 +78,7 @@ step "upgrading pip and wheel" "${PIP[@]}" -q --upgrade pip wheel
 step "installing torch $TORCH_VERSION + torchvision (large: a few minutes the first time)" \
   "${PIP[@]}" torch torchvision
 step "installing setuptools (mmengine imports pkg_resources)" "${PIP[@]}" -q setuptools
-step "installing mmengine" "${PIP[@]}" -q mmengine numpy
+step "installing $MMENGINE_DIST" "${PIP[@]}" -q "$MMENGINE_DIST" numpy
 
 # On a machine with a GPU and the CUDA compiler, mmcv's ops are built for CUDA as well
 # (Mask R-CNN's RoIAlign / NMS on the GPU: make test-gpu); INLINE_MM_MMCV_CUDA=0 / 1
@@ -107,15 +116,18 @@ if mmcv_ops_ok; then
   say "mmcv $MMCV_VERSION with ops already installed"
 else
   shopt -s nullglob
-  wheels=("$WHEEL_DIR"/mmcv-"$MMCV_VERSION"-*.whl)
+  wheels=("$WHEEL_DIR"/"$MMCV_STEM"-"$MMCV_VERSION"-*.whl)
   if (( ${#wheels[@]} == 0 )); then
-    say "no cached mmcv wheel in $WHEEL_DIR: building mmcv $MMCV_VERSION with ops from its sdist (about 8 minutes on 2 cores)"
+    say "no cached $MMCV_DIST wheel in $WHEEL_DIR: building $MMCV_DIST $MMCV_VERSION with ops from its sdist (about 8 minutes on 2 cores)"
     BUILD="$(mktemp -d)"
     trap 'rm -rf "$BUILD"' EXIT
-    step "downloading the mmcv $MMCV_VERSION sdist" \
-      "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$BUILD" "mmcv==$MMCV_VERSION"
-    step "unpacking the sdist" tar -xzf "$BUILD"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD"
-    SRC="$BUILD/mmcv-$MMCV_VERSION"
+    step "downloading the $MMCV_DIST $MMCV_VERSION sdist" \
+      "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$BUILD" "$MMCV_DIST==$MMCV_VERSION"
+    # mmcv-2.1.0.tar.gz, onedl_mmcv-2.3.6.tar.gz: the one sdist downloaded
+    sdists=("$BUILD"/*.tar.gz)
+    (( ${#sdists[@]} == 1 )) || die "expected one $MMCV_DIST sdist in $BUILD"
+    step "unpacking the sdist" tar -xzf "${sdists[0]}" -C "$BUILD"
+    SRC="${sdists[0]%.tar.gz}"
     # Recent torch headers stop with '#error C++20 or later compatible compiler
     # is required': mmcv's setup.py pins c++14 / c++17, so raise it to c++20 there
     # (older torch, e.g. 2.1, builds with mmcv's own standard).
@@ -131,7 +143,7 @@ else
       step "compiling mmcv $MMCV_VERSION ops (MMCV_WITH_OPS=1, FORCE_CUDA=$FORCE_CUDA, $MAX_JOBS jobs)" \
         "$PY" -m pip wheel --no-build-isolation --no-deps -w "$BUILD/dist" .
     )
-    wheels=("$BUILD"/dist/mmcv-"$MMCV_VERSION"-*.whl)
+    wheels=("$BUILD"/dist/"$MMCV_STEM"-"$MMCV_VERSION"-*.whl)
     (( ${#wheels[@]} == 1 )) || die "mmcv build produced no wheel"
     # Copy then rename so a half-written wheel never sits in the cache.
     cp "${wheels[0]}" "$WHEEL_DIR/.partial" && mv "$WHEEL_DIR/.partial" "$WHEEL_DIR/$(basename "${wheels[0]}")"

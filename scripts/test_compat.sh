@@ -1,21 +1,52 @@
 #!/usr/bin/env bash
-# The whole test suite (what CI runs: plain pytest with setup.cfg's settings) on the
-# oldest supported stack (scripts/constraints-oldest.txt), in a second virtual
-# environment .venv-compat.  Not part of CI: it downloads and builds a second
-# torch / mmcv stack (about 15 minutes the first time on 2 cores), and the run
+# The whole test suite (what CI runs: plain pytest with setup.cfg's settings) on a second
+# stack, in a virtual environment of its own.  Not part of CI: it downloads and builds a
+# second torch / mmcv stack (about 15 minutes the first time on 2 cores), and the run
 # itself takes as long as `make test`.
 #
-#   make test-compat            # or: bash scripts/test_compat.sh [pytest args]
-#   bash scripts/test_compat.sh --co -q         # build the environment, list the tests
+#   STACK  constraints                        environment     inline-mm extras
+#   oldest scripts/constraints-oldest.txt     .venv-compat    all,tests,deploy (OpenMMLab's line)
+#   onedl  scripts/constraints-onedl.txt      .venv-onedl     onedl,tests,deploy (OneDL's line)
+#
+#   make test-compat                 # STACK=oldest; or: bash scripts/test_compat.sh [STACK] [pytest args]
+#   make test-compat STACK=onedl
+#   bash scripts/test_compat.sh --co -q          # oldest: build the environment, list the tests
+#   bash scripts/test_compat.sh onedl --co -q
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export INLINE_MM_VENV="${INLINE_MM_COMPAT_VENV:-$ROOT/.venv-compat}"
-export INLINE_MM_CONSTRAINTS="$ROOT/scripts/constraints-oldest.txt"
-# the deploy extra too (onnx / onnxruntime floors), so the ONNX tests run here as well
-export INLINE_MM_EXTRAS="all,tests,deploy"
+STACK="${STACK:-oldest}"
+case "${1:-}" in
+  oldest|onedl) STACK="$1"; shift ;;
+esac
+case "$STACK" in
+  oldest)
+    export INLINE_MM_VENV="${INLINE_MM_COMPAT_VENV:-$ROOT/.venv-compat}"
+    export INLINE_MM_CONSTRAINTS="$ROOT/scripts/constraints-oldest.txt"
+    # the deploy extra too (onnx / onnxruntime floors), so the ONNX tests run here as well
+    export INLINE_MM_EXTRAS="all,tests,deploy" ;;
+  onedl)
+    export INLINE_MM_VENV="${INLINE_MM_ONEDL_VENV:-$ROOT/.venv-onedl}"
+    export INLINE_MM_CONSTRAINTS="$ROOT/scripts/constraints-onedl.txt"
+    export INLINE_MM_EXTRAS="onedl,tests,deploy" ;;
+  *)
+    echo "test_compat.sh: unknown stack '$STACK' (oldest or onedl)" >&2; exit 2 ;;
+esac
 bash "$ROOT/scripts/install.sh"
 PY="$INLINE_MM_VENV/bin/python"
-"$PY" -c 'import torch, mmengine, mmcv, mmdet, mmseg, timm, onnx, onnxruntime; print("stack: torch", torch.__version__, "| mmengine", mmengine.__version__, "| mmcv", mmcv.__version__, "| mmdet", mmdet.__version__, "| mmseg", mmseg.__version__, "| timm", timm.__version__, "| onnx", onnx.__version__, "| onnxruntime", onnxruntime.__version__)'
 cd "$ROOT"
+"$PY" - <<'PYEOF'
+import importlib.metadata as metadata
+
+# inline_mm first: its stack check names a wrong or mixed stack before a toolkit fails
+from inline_mm.stack import COMPONENTS, check_stack
+import mmcv, mmdet, mmengine, mmseg, onnx, onnxruntime, timm, torch  # noqa: F401
+
+line = check_stack()
+dists = {c: line.requirements[c][0] for c in COMPONENTS}
+print(f'stack ({line.name}): torch', torch.__version__, '|',
+      ' | '.join(f'{d} {metadata.version(d)}' for d in dists.values()),
+      '| timm', timm.__version__, '| onnx', onnx.__version__, '| onnxruntime',
+      onnxruntime.__version__)
+PYEOF
 # setup.cfg's -ra lists every skip with its reason (each names what this stack lacks)
 exec "$PY" -m pytest "$@"
