@@ -476,7 +476,7 @@ def test_report_arguments_are_the_benchmarks_own(tmp_path):
     targs = benchmark_train.parse_args(gpu_report.train_argv(
         args, gpu_report.DETECTORS['swin'], 8, str(tmp_path / 't.json')))
     assert (targs.device, targs.size, targs.batch_size, targs.dtypes) == \
-        ('cuda', '1333x800', 8, ['fp32', 'fp16', 'bf16'])
+        ('cuda', (800, 1333), 8, ['fp32', 'fp16', 'bf16'])
     for config in gpu_report.DETECTORS.values():
         assert os.path.isfile(os.path.join(REPO_ROOT, config))
 

@@ -213,8 +213,8 @@ def test_tool_errors_are_one_line(tmp_path):
 def test_export_tool_verify(tmp_path):
     """The command line: toy segmentor backbone, dynamic, verified at 3 sizes."""
     out = _tool('export_onnx.py', osp.join(ROOT, 'configs/seg/toy/fpn_inline_pvt_toy.py'),
-                '--shape', '64', '96', '--dynamic', '--out', str(tmp_path / 'b.onnx'),
-                '--verify', '--verify-shapes', '131x97', '33x45')
+                '--size', '96x64', '--dynamic', '--out', str(tmp_path / 'b.onnx'),
+                '--verify', '--verify-sizes', '131x97', '33x45')
     assert out.returncode == 0, out.stdout + out.stderr
     lines = [line for line in out.stdout.splitlines() if 'max |onnxruntime' in line]
     assert len(lines) == 3 and all(line.endswith('ok') for line in lines)

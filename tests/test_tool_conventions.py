@@ -133,3 +133,90 @@ def test_train_refuses_a_missing_pretrained_checkpoint_before_writing(tmp_path, 
                     "checkpoint file not found: 'checkpoints/no_such_weights.pth', named by "
                     'model.backbone.init_cfg.checkpoint')
     assert not work.exists()
+
+
+# ---------------------------------------------------------------- one input-size convention
+sys.path[:0] = [os.path.join(REPO_ROOT, 'tools', 'analysis'),
+                os.path.join(REPO_ROOT, 'tools', 'deployment')]
+SIZE_RULE = 'sizes are WIDTHxHEIGHT, e.g. 1333x800, or N for NxN'
+#: every tool that takes an input size: (its module, arguments before the size, the option)
+SIZE_TOOLS = {
+    'deployment/export_onnx.py': ('export_onnx', [DET_CONFIG, '--out', 'x.onnx'], '--size'),
+    'analysis/get_flops.py': ('get_flops', [DET_CONFIG, '--out', 'x.json'], '--size'),
+    'analysis/benchmark.py': ('benchmark', ['--models', 'inline_pvt_t', '--out', 'out'],
+                              '--sizes'),
+    'analysis/benchmark_train.py': ('benchmark_train', [DET_CONFIG, '--out', 'x.json'],
+                                    '--size'),
+    'analysis/gpu_report.py': ('gpu_report', ['--out', 'out'], '--size'),
+    'analysis/vis_attention.py': ('vis_attention', ['img.png', '--out', 'x.png'], '--size'),
+    'analysis/benchmark_startup.py': ('benchmark_startup', ['--out', 'out'], '--size'),
+}
+#: the options that took sizes in another form, and what replaced them
+RENAMED = [('export_onnx', '--shape', ['800', '1344']), ('get_flops', '--shape', ['800', '1333']),
+           ('export_onnx', '--verify-shapes', ['131x97']),
+           ('benchmark_startup', '--input-size', ['128'])]
+
+
+def _parse(module_name, argv):
+    import importlib
+    return importlib.import_module(module_name).parse_args(argv)
+
+
+@pytest.mark.parametrize('tool', sorted(SIZE_TOOLS))
+def test_every_tool_takes_sizes_as_width_x_height(tool):
+    name, before, option = SIZE_TOOLS[tool]
+    value = getattr(_parse(name, before + [option, '96x64']), option.lstrip('-'))
+    assert value == ([(64, 96)] if option == '--sizes' else (64, 96))  # (height, width)
+    value = getattr(_parse(name, before + [option, '48']), option.lstrip('-'))
+    assert value == ([(48, 48)] if option == '--sizes' else (48, 48))
+
+
+def test_size_options_of_several_sizes_and_the_reports_arguments():
+    assert _parse('benchmark', ['--models', 'x', '--sizes', '1333x800', '224']).sizes == \
+        [(800, 1333), (224, 224)]
+    assert _parse('export_onnx', [DET_CONFIG, '--out', 'x', '--verify-sizes', '131x97',
+                                  '33']).verify_sizes == [(97, 131), (33, 33)]
+    import gpu_report
+    args = gpu_report.parse_args(['--size', '96x64'])
+    backbone = gpu_report.backbone_argv(args, 'out')
+    train = gpu_report.train_argv(args, DET_CONFIG, 1, 'x.json')
+    assert backbone[backbone.index('--sizes') + 1] == train[train.index('--size') + 1] == '96x64'
+
+
+@pytest.mark.parametrize('tool', sorted(SIZE_TOOLS))
+@pytest.mark.parametrize('bad', [['800,1333'], ['0x5'], ['1333', '800'], ['1333x'], ['x800']])
+def test_a_malformed_size_is_one_argparse_error(tool, bad, capsys):
+    name, before, option = SIZE_TOOLS[tool]
+    if option == '--sizes' and len(bad) == 2:
+        bad = ['1333x800', '1333,800']  # two tokens are two sizes there: the second is bad
+    with pytest.raises(SystemExit) as exit_info:
+        _parse(name, before + [option, *bad])
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if 'error: ' in line]
+    assert len(errors) == 1 and SIZE_RULE in errors[0] and option in errors[0], errors
+
+
+@pytest.mark.parametrize('name,option,values', RENAMED)
+def test_renamed_size_options_name_their_replacement(name, option, values, capsys):
+    before = next(b for n, b, _ in SIZE_TOOLS.values() if n == name)
+    with pytest.raises(SystemExit) as exit_info:
+        _parse(name, before + [option, *values])
+    assert exit_info.value.code == 2
+    (error, ) = [line for line in capsys.readouterr().err.splitlines() if 'error: ' in line]
+    new = '--verify-sizes WxH ...' if option == '--verify-shapes' else '--size WxH'
+    assert f'{option} is now {new}: {SIZE_RULE}' in error
+
+
+@pytest.mark.parametrize('tool,bad', [(t, b) for t, b in zip(
+    sorted(SIZE_TOOLS), [['800,1333'], ['0x5'], ['1333', '800']] * 3)])
+def test_a_malformed_size_stops_the_tool_before_it_writes(tmp_path, tool, bad):
+    """The whole command line, in a subprocess: exit status 2, one error line, no
+    traceback, no output file."""
+    _, before, option = SIZE_TOOLS[tool]
+    if option == '--sizes' and len(bad) == 2:
+        bad = ['1333x800', '0x800']
+    (tmp_path / 'img.png').write_bytes(b'')
+    args = [str(tmp_path / a) if a in ('img.png', 'out', 'x.onnx', 'x.json', 'x.png') else a
+            for a in before]
+    _one_error_line(_tool(tool, *args, option, *bad), SIZE_RULE)
+    assert sorted(os.listdir(tmp_path)) == ['img.png']

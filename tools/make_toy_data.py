@@ -49,7 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='training images (default: 400 det, 1000 seg)')
     parser.add_argument('--num-val', type=int, default=None,
                         help='validation images (default: 50 det, 40 seg)')
-    parser.add_argument('--size', type=int, default=256, help='image side in pixels')
+    parser.add_argument('--size', type=int, default=256,
+                        help='side of the square images, in pixels (one number: not the '
+                        'WIDTHxHEIGHT input size the analysis tools take)')
     parser.add_argument('--seed', type=int, default=0, help='base random seed')
     parser.add_argument('--num-classes', type=int, default=3,
                         help='shape classes of the detection set, 3 to 5')

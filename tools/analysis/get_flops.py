@@ -1,9 +1,11 @@
 #!/usr/bin/env python
 """Parameters and FLOPs of a model from a config, or of its backbone alone.
 
-    python tools/analysis/get_flops.py CONFIG --shape 800 1333
-    python tools/analysis/get_flops.py CONFIG --shape 224 224 --backbone-only
-    python tools/analysis/get_flops.py configs/seg/*.py --shape 512 512 --out flops.json
+    python tools/analysis/get_flops.py CONFIG --size 1333x800
+    python tools/analysis/get_flops.py CONFIG --size 224 --backbone-only
+    python tools/analysis/get_flops.py configs/seg/*.py --size 512 --out flops.json
+
+``--size`` is ``WIDTHxHEIGHT`` (as mmdet writes its scales) or ``N`` for ``NxN``.
 
 With several configs it also prints a Markdown table (config, params, FLOPs)
 and ``--out`` keeps every figure as JSON; the model-zoo FLOPs columns come from
@@ -23,9 +25,10 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
 from mmengine.analysis import get_model_complexity_info  # noqa: E402
-from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.config import Config  # noqa: E402
 
-from inline_mm.engine.launch import cli_main, load_config  # noqa: E402
+from inline_mm.engine.launch import (add_cfg_options, add_size_option, cli_main,  # noqa: E402
+                                     format_size, load_config)
 from inline_mm.engine.runner_utils import TensorModeForward, build_model, task_of  # noqa: E402
 
 
@@ -35,10 +38,10 @@ def format_giga(value: float) -> str:
     return f'{giga:.0f}G' if giga >= 100 else f'{giga:#.3g}G'
 
 
-def complexity(cfg: Config, shape, backbone_only: bool = False) -> dict:
-    """``{'flops': int, 'params': int, ...}`` of the model of ``cfg`` at ``shape``."""
+def complexity(cfg: Config, size, backbone_only: bool = False) -> dict:
+    """``{'flops': int, 'params': int, ...}`` of the model of ``cfg`` at ``size`` (H, W)."""
     model = build_model(cfg).eval()
-    h, w = shape
+    h, w = size
     inputs = torch.randn(1, 3, h, w)
     target = model.backbone if backbone_only else TensorModeForward(model, task_of(cfg))
     args = (inputs,)
@@ -50,30 +53,36 @@ def complexity(cfg: Config, shape, backbone_only: bool = False) -> dict:
     return info
 
 
-def main(argv=None) -> list:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('configs', nargs='+', metavar='CONFIG')
-    parser.add_argument('--shape', type=int, nargs=2, default=[800, 1333], metavar=('H', 'W'))
+    add_size_option(parser, '--size', default='1333x800', replaces=['--shape'],
+                    help='input size')
     parser.add_argument('--backbone-only', action='store_true')
     parser.add_argument('--out', help='write the figures of every config as JSON')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
-    args = parser.parse_args(argv)
+    add_cfg_options(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> list:
+    args = parse_args(argv)
     what = 'backbone' if args.backbone_only else 'model'
-    rows = []
+    (h, w), rows = args.size, []
     for path in args.configs:
         cfg = load_config(path, args.cfg_options)
-        info = complexity(cfg, args.shape, args.backbone_only)
-        rows.append(dict(config=path, shape=list(args.shape), counted=what,
+        info = complexity(cfg, args.size, args.backbone_only)
+        # shape: (H, W) as the tensor has it
+        rows.append(dict(config=path, size=format_size(args.size), shape=[h, w], counted=what,
                          flops=int(info['flops']), params=int(info['params']),
                          model_params=int(info['model_params']),
                          backbone_params=int(info['backbone_params'])))
-        print(f'{path}  input 3x{args.shape[0]}x{args.shape[1]}  ({what})')
+        print(f'{path}  input {format_size(args.size)} (3x{h}x{w})  ({what})')
         print(f"  FLOPs:  {info['flops'] / 1e9:.2f} G  (one multiply-add = one FLOP)")
         print(f"  params: {info['params'] / 1e6:.2f} M counted  (whole model "
               f"{info['model_params'] / 1e6:.2f} M, backbone "
               f"{info['backbone_params'] / 1e6:.2f} M)", flush=True)
     if len(rows) > 1:
-        print(f'\n| config | params ({what}) | FLOPs at {args.shape[1]}x{args.shape[0]} |')
+        print(f'\n| config | params ({what}) | FLOPs at {format_size(args.size)} |')
         print('|---|---|---|')
         for row in rows:
             print(f"| {osp.basename(row['config'])} | {row['params'] / 1e6:.1f}M "

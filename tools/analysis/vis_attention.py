@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from inline_mm.engine.launch import cli_main  # noqa: E402
+from inline_mm.engine.launch import add_size_option, cli_main  # noqa: E402
 from inline_mm.errors import ConfigError  # noqa: E402
 from inline_mm.models.layers.inline_attention import InLineAttention  # noqa: E402
 
@@ -148,10 +148,11 @@ def scaled_query_change(q: Tensor, k: Tensor, idx: Tensor, scale: float, phi,
     return out
 
 
-def load_image(path: str, size: int) -> Tuple[np.ndarray, Tensor]:
+def load_image(path: str, size: Tuple[int, int]) -> Tuple[np.ndarray, Tensor]:
+    """The image resized to ``size`` (height, width), and its normalised tensor."""
     import mmcv
     img = mmcv.imread(path, channel_order='rgb')
-    img = mmcv.imresize(img, (size, size))
+    img = mmcv.imresize(img, (size[1], size[0]))  # mmcv takes (width, height)
     x = torch.from_numpy(((img - MEAN) / STD).transpose(2, 0, 1)).float()[None]
     return img, x
 
@@ -180,7 +181,7 @@ def draw(img: np.ndarray, maps: List[Tuple[np.ndarray, np.ndarray]],
     plt.close(fig)
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('image')
     parser.add_argument('--backbone', default='inline_pvt_t',
@@ -189,14 +190,18 @@ def main(argv=None) -> dict:
     parser.add_argument('--block', default='1.0', help='STAGE.INDEX (1-based stage), e.g. 1.0')
     parser.add_argument('--queries', nargs='+', default=['0.5,0.5'],
                         help='query points as x,y fractions of width, height')
-    parser.add_argument('--size', type=int, default=224)
+    add_size_option(parser, '--size', default='224', help='the image is resized to this size')
     parser.add_argument('--sample', type=int, default=512,
                         help='queries sampled for the injectivity check')
     parser.add_argument('--out', default='work_dirs/vis_attention.png')
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
 
     sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-    from benchmark import build_backbone
+    from _bench_common import build_backbone
     model = build_backbone(args.backbone).eval()
     loaded = None
     if args.checkpoint:

@@ -3,21 +3,21 @@
 
     # backbone of a config, dynamic H / W, checked with onnxruntime at 3 sizes
     python tools/deployment/export_onnx.py configs/det/mask-rcnn_inline-pvt-t_fpn_1x_coco.py \\
-        --shape 800 1344 --dynamic --out work_dirs/onnx/pvt_t.onnx \\
-        --verify --verify-shapes 97x131 512x512
+        --size 1344x800 --dynamic --out work_dirs/onnx/pvt_t.onnx \\
+        --verify --verify-sizes 131x97 512x512
     # a whole segmentor (logits at the input size), from a checkpoint
     python tools/deployment/export_onnx.py configs/seg/toy/fpn_inline_pvt_toy.py CKPT \\
-        --part model --shape 128 128 --dynamic --out work_dirs/onnx/fpn_toy.onnx --verify
+        --part model --size 128 --dynamic --out work_dirs/onnx/fpn_toy.onnx --verify
     # a detector's backbone + neck (its heads stay in PyTorch)
     python tools/deployment/export_onnx.py configs/det/toy/mask_rcnn_inline_pvt_toy.py \\
-        --part backbone_neck --shape 192 192 --dynamic --out work_dirs/onnx/det_feats.onnx
+        --part backbone_neck --size 192 --dynamic --out work_dirs/onnx/det_feats.onnx
 
 Without CHECKPOINT the weights are random (the backbone's ``init_cfg`` is
 dropped).  ``--verify`` runs the file with onnxruntime and prints, per input
 size, the max abs difference to PyTorch relative to the output's max abs value;
-it exits with 1 if one exceeds ``--tolerance``.  Sizes are ``H W`` for
-``--shape`` and ``WxH`` (as the toolkits write them) or one number for
-``--verify-shapes``.
+it exits with 1 if one exceeds ``--tolerance``.  Sizes (``--size``,
+``--verify-sizes``) are ``WIDTHxHEIGHT``, as the toolkits write them, or ``N``
+for ``NxN``.
 """
 import argparse
 import os.path as osp
@@ -26,21 +26,11 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from inline_mm.engine.launch import add_cfg_options, cli_main  # noqa: E402
+from inline_mm.engine.launch import (add_cfg_options, add_size_option, cli_main,  # noqa: E402
+                                     format_size)
 from inline_mm.deploy.onnx_export import (PARTS, TOLERANCE, build_model,  # noqa: E402
                                           export_onnx, require_onnx, verify_onnx,
                                           wrap_part)
-
-
-def parse_wxh(text: str):
-    """``'512'`` -> (512, 512); ``'131x97'`` (W x H) -> (97, 131)."""
-    try:
-        if 'x' in text.lower():
-            w, h = text.lower().split('x')
-            return int(h), int(w)
-        return int(text), int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'a size is N or WxH, got {text!r}') from None
 
 
 def parse_args(argv=None):
@@ -48,8 +38,8 @@ def parse_args(argv=None):
     parser.add_argument('config', help='config file (configs/det, configs/seg, their toy/)')
     parser.add_argument('checkpoint', nargs='?', default=None,
                         help='checkpoint file (random weights without it)')
-    parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'), default=[512, 512],
-                        help='input height and width traced at export')
+    add_size_option(parser, '--size', default='512', replaces=['--shape'],
+                    help='input size traced at export')
     parser.add_argument('--dynamic', action='store_true',
                         help='dynamic input height / width (batch stays fixed)')
     parser.add_argument('--part', choices=PARTS, default='backbone',
@@ -59,11 +49,10 @@ def parse_args(argv=None):
     parser.add_argument('--batch', type=int, default=1, help='batch size baked into the graph')
     parser.add_argument('--opset', type=int, default=17)
     parser.add_argument('--verify', action='store_true',
-                        help='compare onnxruntime with PyTorch at --shape (and, with '
-                             '--dynamic, at --verify-shapes)')
-    parser.add_argument('--verify-shapes', type=parse_wxh, nargs='*', default=None,
-                        help='more sizes (WxH) checked by --verify with --dynamic '
-                             '(default: 131x97)')
+                        help='compare onnxruntime with PyTorch at --size (and, with '
+                             '--dynamic, at --verify-sizes)')
+    add_size_option(parser, '--verify-sizes', many=True, replaces=['--verify-shapes'],
+                    help='more sizes checked by --verify with --dynamic (default: 131x97)')
     parser.add_argument('--tolerance', type=float, default=TOLERANCE,
                         help='largest relative difference --verify accepts')
     parser.add_argument('--threads', type=int, default=None, help='onnxruntime threads')
@@ -73,29 +62,29 @@ def parse_args(argv=None):
 
 def run(args) -> int:
     require_onnx()
-    shape = tuple(args.shape)
+    shape = tuple(args.size)
     model, _, task = build_model(args.config, args.checkpoint, cfg_options=args.cfg_options)
     module = wrap_part(model, args.part, task)
     start = time.perf_counter()
     export_onnx(module, shape, args.out, dynamic=args.dynamic, batch=args.batch,
                 opset=args.opset)
     print(f'wrote {args.out} ({args.part} of {osp.basename(args.config)}, traced at '
-          f"{shape[0]}x{shape[1]} (HxW), {'dynamic' if args.dynamic else 'fixed'} size, "
+          f"{format_size(shape)}, {'dynamic' if args.dynamic else 'fixed'} size, "
           f'{time.perf_counter() - start:.1f} s)')
     if not args.verify:
         return 0
     shapes = [shape]
     if args.dynamic:
-        extra = args.verify_shapes if args.verify_shapes is not None else [(97, 131)]
+        extra = args.verify_sizes if args.verify_sizes is not None else [(97, 131)]
         shapes += [s for s in extra if tuple(s) != shape]
-    elif args.verify_shapes:
-        print('fixed-size export: --verify-shapes ignored')
+    elif args.verify_sizes:
+        print('fixed-size export: --verify-sizes ignored')
     diffs = verify_onnx(module, args.out, shapes, batch=args.batch, threads=args.threads)
     ok = True
     for (h, w), diff in diffs.items():
         passed = diff <= args.tolerance
         ok &= passed
-        print(f"  {h}x{w} (HxW): max |onnxruntime - torch| / max |torch| = {diff:.2e} "
+        print(f"  {format_size((h, w))}: max |onnxruntime - torch| / max |torch| = {diff:.2e} "
               f"{'ok' if passed else f'FAILS (> {args.tolerance:g})'}")
     return 0 if ok else 1
 

@@ -2,7 +2,7 @@
 """Segment images with an exported segmentor (onnxruntime) and draw the label maps.
 
     python tools/deployment/export_onnx.py configs/seg/toy/fpn_inline_pvt_toy.py CKPT \\
-        --part model --shape 128 128 --dynamic --out work_dirs/onnx/fpn_toy.onnx
+        --part model --size 128 --dynamic --out work_dirs/onnx/fpn_toy.onnx
     python tools/deployment/infer_onnx.py img1.jpg img2.jpg \\
         --config configs/seg/toy/fpn_inline_pvt_toy.py --onnx work_dirs/onnx/fpn_toy.onnx \\
         --out-dir work_dirs/onnx/vis [--compare-checkpoint CKPT]
