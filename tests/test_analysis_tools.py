@@ -73,7 +73,7 @@ def test_get_flops_tool_on_a_config(tmp_path):
                           os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py'),
                           os.path.join(REPO_ROOT, 'configs', 'det', 'toy',
                                        'mask_rcnn_inline_pvt_toy.py'),
-                          '--shape', '64', '96', '--out', str(tmp_path / 'flops.json')],
+                          '--size', '96x64', '--out', str(tmp_path / 'flops.json')],
                          capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count('FLOPs:') == 2 and '| fpn_inline_pvt_toy.py |' in out.stdout
@@ -90,7 +90,8 @@ def test_get_flops_tool_on_a_config(tmp_path):
 @pytest.mark.slow
 def test_benchmark_writes_json_and_png(tmp_path):
     results = benchmark.main(['--compare', 'pvt', 'swin', '--sizes', '64', '96x64', '--warmup', '1',
-                              '--repeats', '2', '--threads', '1', '--out', str(tmp_path)])
+                              '--repeats', '2', '--threads', '1', '--peak-size', '512',
+                              '--peak-repeats', '1', '--out', str(tmp_path)])
     data = json.loads((tmp_path / 'benchmark.json').read_text())
     assert data['rows'] == json.loads(json.dumps(results['rows']))
     assert {r['model'] for r in data['rows']} == {'inline_pvt_t', 'mmdet_pvt_t', 'inline_swin_t',
@@ -172,7 +173,7 @@ def test_training_iteration_benchmark(tmp_path):
     out = tmp_path / 'train.json'
     result = benchmark_train.main(['--size', '96x64', '--batch-size', '1', '--objects', '2',
                                    '--warmup', '0', '--repeats', '2', '--threads', '1',
-                                   '--out', str(out)])
+                                   '--peak-size', '256', '--out', str(out)])
     data = json.loads(out.read_text())
     assert set(data['rows']) == {'InLinePVT(tiny)', 'mmdet_pvt_t'}
     for row in data['rows'].values():
@@ -187,7 +188,8 @@ def test_training_iteration_breakdown():
     toy = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
     result = benchmark_train.main([toy, '--softmax-backbone', 'none', '--size', '96x64',
                                    '--batch-size', '1', '--objects', '2', '--warmup', '1',
-                                   '--repeats', '1', '--threads', '1', '--breakdown'])
+                                   '--repeats', '1', '--threads', '1', '--breakdown',
+                                   '--peak-size', '256'])
     (row, ) = result['rows'].values()
     b = row['breakdown']
     assert set(b['forward_s']) == set(benchmark_train.DETECTOR_PARTS)

@@ -55,11 +55,58 @@ def test_benchmark_bf16_rows_gflops_and_named_summaries(tmp_path, capsys):
     assert {r['model'] for r in results['dtype_ratios']} == {'inline_pvt_t', 'mmdet_pvt_t'}
     data = json.loads((tmp_path / 'benchmark.json').read_text())
     assert data['slopes'] == results['slopes'] and data['dtype_ratios']
+    # the CPU of the run, with the matmul peaks the rows were measured against
+    assert_cpu_record(data['cpu'], threads=1)
+    assert data['cpu']['matmul_peak_gflop_per_s'] == peaks
+
+
+def _cpuinfo_first_processor() -> dict:
+    """The first processor's block of /proc/cpuinfo (read here apart from the tools)."""
+    with open('/proc/cpuinfo') as f:
+        block = f.read().split('\n\n')[0]
+    return dict((k.strip(), v.strip()) for k, _, v in
+                (line.partition(':') for line in block.splitlines()))
+
+
+def assert_cpu_record(cpu: dict, threads: int) -> None:
+    info = _cpuinfo_first_processor()
+    flags = info['flags'].split()
+    assert cpu['model'] == info['model name']
+    assert cpu['flags'] == {f: f in flags for f in ('avx2', 'avx512f', 'avx512_bf16',
+                                                    'amx_bf16', 'amx_tile')}
+    assert cpu['threads'] == threads and cpu['cores_visible'] == os.cpu_count()
+    assert set(cpu['matmul_peak_gflop_per_s']) == {'fp32', 'bf16'}
+    assert min(cpu['matmul_peak_gflop_per_s'].values()) > 0
+
+
+def test_cfg_options_change_the_measured_model(tmp_path):
+    """--cfg-options reach the timed model and the subprocess that measures its memory
+    (which fails when it builds another model than the timed one)."""
+    from inline_mm.engine.runner_utils import build_model
+    cfg = Config.fromfile(DET_TOY)
+    cfg.merge_from_dict({'model.backbone.arch': 'small'})
+    small = sum(p.numel() for p in build_model(cfg).parameters())
+    tiny = sum(p.numel() for p in build_model(Config.fromfile(DET_TOY)).parameters())
+    results = benchmark.main(['--config', DET_TOY, '--cfg-options', 'model.backbone.arch=small',
+                              '--sizes', '64', '--no-flops', '--out', str(tmp_path)] +
+                             [a for a in FAST if a != '--no-memory'])
+    data = json.loads((tmp_path / 'benchmark.json').read_text())
+    (row, ) = data['rows']
+    assert row['params'] == small != tiny
+    assert row['peak_mem_mb'] > 0
+    assert data['cfg_options'] == {'model.backbone.arch': 'small'} == results['cfg_options']
+
+
+def test_cfg_options_need_a_config(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(['--models', 'inline_pvt_t', '--cfg-options', 'model.x=1'])
+    assert exit_info.value.code == 2
+    assert '--cfg-options changes the configs of --config' in capsys.readouterr().err
 
 
 def test_slope_printed_with_two_sizes(tmp_path, capsys):
     benchmark.main(['--models', 'inline_pvt_t', '--sizes', '64', '96', '--no-flops',
-                    '--out', str(tmp_path)] + FAST[:-4])
+                    '--out', str(tmp_path)] + FAST)
     lines = summary_lines(capsys.readouterr().out)
     assert len(lines) == 1 and 'inline_pvt_t b1 fp32' in lines[0]
     assert float(lines[0].rsplit(':', 1)[1]) > 0
@@ -146,12 +193,16 @@ def test_training_benchmark_fp32_and_bf16(tmp_path):
     result = benchmark_train.main([DET_TOY, '--size', '96x64', '--batch-size', '1',
                                    '--objects', '2', '--dtypes', 'fp32', 'bf16',
                                    '--warmup', '0', '--repeats', '1', '--threads', '1',
+                                   '--peak-size', '256', '--peak-repeats', '1',
                                    '--out', str(out)])
     assert set(result['rows']) == {'InLinePVT(tiny)', 'InLinePVT(tiny) (bf16)', 'mmdet_pvt_t',
                                    'mmdet_pvt_t (bf16)'}
     assert set(result['ratios']) == {'fp32', 'bf16'} and result['ratio'] == result['ratios']['fp32']
     assert set(result['dtype_ratios']) == {'InLinePVT(tiny) bf16/fp32', 'mmdet_pvt_t bf16/fp32'}
-    assert json.loads(out.read_text())['softmax_backbone'] == 'mmdet_pvt_t'
+    data = json.loads(out.read_text())
+    assert data['softmax_backbone'] == 'mmdet_pvt_t'
+    assert data['size'] == [64, 96] and data['size_wxh'] == '96x64'
+    assert_cpu_record(data['cpu'], threads=1)
 
 
 @pytest.mark.slow

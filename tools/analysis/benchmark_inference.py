@@ -10,6 +10,8 @@ dataloader.  After ``--warmup`` iterations it records, per iteration, the time
 spent waiting for data and the time of the model step; it reports images/s
 per process and in total (the sum over processes), with the data-loading time
 shown apart.  Progress is logged through mmengine every ``--log-interval``.
+``--out`` writes the figures as JSON, with the CPU (model, flags, its fp32 /
+bf16 matmul peaks measured by process 0 after the timed iterations).
 """
 import argparse
 import json
@@ -18,12 +20,14 @@ import os.path as osp
 import sys
 import time
 
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
 from mmengine.dist import all_gather_object, get_rank, get_world_size, init_dist  # noqa: E402
 from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.runner import Runner, load_checkpoint  # noqa: E402
+from _bench_common import add_peak_args, cpu_record, describe_cpu  # noqa: E402
 
 from inline_mm.engine.dist import finish_distributed, prepare_distributed  # noqa: E402
 from inline_mm.engine.launch import add_runner_args, cli_main, load_config  # noqa: E402
@@ -41,6 +45,7 @@ def parse_args(argv=None):
     parser.add_argument('--batch-size', type=int, default=1)
     parser.add_argument('--num-workers', type=int)
     parser.add_argument('--out', help='write the per-process and total figures as JSON')
+    add_peak_args(parser)
     add_runner_args(parser)
     return parser.parse_args(argv)
 
@@ -110,6 +115,9 @@ def main(argv=None) -> dict:
                   total_img_per_s_model_only=sum(p['img_per_s_model_only']
                                                  for p in per_process))
     if get_rank() == 0:
+        # after the timed iterations of every process (all_gather_object waited for them)
+        result['cpu'] = cpu_record(n=args.peak_size, repeats=args.peak_repeats)
+        logger.info(describe_cpu(result['cpu']))
         for p in per_process:
             logger.info(f"rank {p['rank']}: {p['images']} images, {p['img_per_s']:.2f} img/s "
                         f"(model only {p['img_per_s_model_only']:.2f}), data loading "

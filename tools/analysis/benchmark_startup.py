@@ -19,7 +19,7 @@ the full recipe ``--config`` (default: Mask R-CNN InLine-PVT-T 1x) on that set
 through this repository's ``tools/train.py`` and through mmdet's own
 ``tools/train.py`` (the copy mmdet ships, ``mmdet/.mim/tools/train.py``), with
 the same ``--cfg-options``: the generated data, no pretrained checkpoint,
-batch 1, no loader workers, a small input (``--input-size``) so that the first
+batch 1, no loader workers, a small input (``--size``, ``WIDTHxHEIGHT`` or ``N``) so that the first
 iteration is cheap, and the gloo backend for two processes
 (``torch.distributed.run --nproc_per_node N``).  It measures, from the launch
 to the log line of the first training iteration (then stops the run):
@@ -38,7 +38,8 @@ imports ``inline_mm.engine``); this repository's ``tools/train.py`` does the
 same by itself.  Nothing of the data loading differs.
 
 Prints a table and the ratios inline-mm / mmdet; ``--out DIR`` writes
-``DIR/startup_coco_size.json``.
+``DIR/startup_coco_size.json`` (with the CPU: model, flags, its fp32 / bf16
+matmul peaks measured after the runs).
 """
 import argparse
 import json
@@ -287,15 +288,17 @@ def mmdet_train_script() -> str:
     return path
 
 
-def cfg_options(data_root: str, input_size: int, procs: int) -> List[str]:
-    """What both tools get: the generated data, no checkpoint, batch 1, a small input."""
+def cfg_options(data_root: str, size, procs: int) -> List[str]:
+    """What both tools get: the generated data, no checkpoint, batch 1, a small input
+    (``size``: height, width)."""
     root = data_root.rstrip('/') + '/'
     opts = [f'{split}_dataloader.dataset.data_root={root}' for split in ('train', 'val', 'test')]
     opts += [f'val_evaluator.ann_file={root}annotations/instances_val2017.json',
              f'test_evaluator.ann_file={root}annotations/instances_val2017.json',
              'model.backbone.init_cfg=None', 'train_dataloader.batch_size=1',
              'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
-             f'train_dataloader.dataset.pipeline.2.scale=({input_size},{input_size})',
+             # mmdet's Resize scale is (width, height)
+             f'train_dataloader.dataset.pipeline.2.scale=({size[1]},{size[0]})',
              'default_hooks.logger.interval=1']
     if procs > 1:
         opts += ['env_cfg.dist_cfg.backend=gloo']
@@ -348,7 +351,7 @@ def run_benchmark(args) -> dict:
                     work_dir = tempfile.mkdtemp(prefix='inline_mm_startup_work_')
                     try:
                         cmd = commands(tool, args.config, work_dir,
-                                       cfg_options(data_dir, args.input_size, procs), procs)
+                                       cfg_options(data_dir, args.size, procs), procs)
                         load = os.getloadavg()[0]
                         row = dict(tool=tool, procs=procs, repeat=repeat,
                                    load_before=round(load, 2),
@@ -358,7 +361,8 @@ def run_benchmark(args) -> dict:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
         return dict(scale=args.scale, data=data, config=osp.relpath(args.config, ROOT),
-                    input_size=args.input_size, rows=rows, summary=summarise(rows, args))
+                    size=f'{args.size[1]}x{args.size[0]}', rows=rows,
+                    summary=summarise(rows, args))
     finally:
         if not args.data_dir:
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -392,6 +396,11 @@ def print_table(summary: List[dict]) -> None:
 
 
 def parse_args(argv: Optional[List[str]] = None):
+    # imported here, not at the top: the --cpu-shim process (mmdet's measured run) must
+    # import nothing of its own before mmdet's tool
+    from _bench_common import add_peak_args
+
+    from inline_mm.engine.launch import add_size_option
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--config', default=DEFAULT_CONFIG, help='the detection recipe')
     parser.add_argument('--data-dir', help='where the generated set is kept and reused '
@@ -404,8 +413,9 @@ def parse_args(argv: Optional[List[str]] = None):
     parser.add_argument('--tools', nargs='+', default=['inline-mm', 'mmdet'],
                         choices=['inline-mm', 'mmdet'])
     parser.add_argument('--repeats', type=int, default=1, help='interleaved rounds')
-    parser.add_argument('--input-size', type=int, default=320,
-                        help='training resize scale (square), so the first iteration is cheap')
+    add_size_option(parser, '--size', default='320', replaces=['--input-size'],
+                    help='training resize scale, so that the first iteration is cheap')
+    add_peak_args(parser)
     parser.add_argument('--timeout', type=float, default=1800, help='seconds per run')
     parser.add_argument('--out', help='folder for startup_coco_size.json')
     args = parser.parse_args(argv)
@@ -416,7 +426,11 @@ def parse_args(argv: Optional[List[str]] = None):
 
 def main(argv: Optional[List[str]] = None) -> dict:
     args = parse_args(argv)
+    from _bench_common import cpu_record, describe_cpu
     result = run_benchmark(args)
+    # after the runs, in this process (not one of the measured ones)
+    result['cpu'] = cpu_record(n=args.peak_size, repeats=args.peak_repeats)
+    print(describe_cpu(result['cpu']))
     print_table(result['summary'])
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -5,6 +5,8 @@
     python tools/analysis/benchmark_train.py CONFIG --size 800x800 --batch-size 2 \\
         --dtypes fp32 bf16 --repeats 5 --out work_dirs/benchmark_train.json
 
+``--size`` is ``WIDTHxHEIGHT`` (``1333x800``) or ``N`` for ``NxN``.
+
 One iteration is mmengine's ``model.train_step``: data preprocessing, forward
 with losses, backward and the optimiser step of the config's ``optim_wrapper``.
 The detector of ``CONFIG`` runs once with its own backbone and once with the
@@ -37,7 +39,8 @@ timed ones.
 
 Prints the median time per iteration (with the 25-75 % spread), the InLine /
 softmax ratio per dtype and the bf16 / fp32 ratio per backbone; ``--out``
-writes them as JSON.  ``--breakdown`` adds, per run, where one iteration's time
+writes them as JSON, with the CPU (model, flags, its fp32 / bf16 matmul peaks
+measured after the timed rounds).  ``--breakdown`` adds, per run, where one iteration's time
 goes: the forward time of the backbone, neck, RPN and RoI parts, the remainder
 (backward, losses, sampling, optimiser), and the slowest operators.
 """
@@ -60,10 +63,11 @@ from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.optim import build_optim_wrapper  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 
-from benchmark import (MMDET_BACKBONES, cuda_missing, parse_size, quartiles,  # noqa: E402
-                       sync)  # (same folder)
+from _bench_common import (MMDET_BACKBONES, add_peak_args, cpu_record,  # noqa: E402
+                           cuda_missing, describe_cpu, quartiles, sync)  # (same folder)
 from inline_mm.engine.amp import configure_amp  # noqa: E402
-from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
+from inline_mm.engine.launch import (add_cfg_options, add_size_option, cli_main,  # noqa: E402
+                                     format_size, load_config)
 from inline_mm.engine.runner_utils import task_of  # noqa: E402
 from inline_mm.errors import ConfigError  # noqa: E402
 
@@ -79,7 +83,7 @@ def parse_args(argv=None):
                         help="softmax backbone put in place of the InLine one: 'auto' (the "
                         "counterpart of the config's backbone), a name, or 'none' (time the "
                         "config's model only)")
-    parser.add_argument('--size', default='800x800', help='W x H (or S) of every image')
+    add_size_option(parser, '--size', default='800x800', help='size of every image')
     parser.add_argument('--batch-size', type=int, default=2)
     parser.add_argument('--objects', type=int, default=8, help='ground-truth objects per image')
     parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'fp16', 'bf16'],
@@ -95,6 +99,7 @@ def parse_args(argv=None):
                         'forward time of each part of the detector and the slowest operators '
                         '(torch.profiler, self CPU time)')
     parser.add_argument('--out', help='write the figures as JSON')
+    add_peak_args(parser)
     add_cfg_options(parser)
     args = parser.parse_args(argv)
     if args.device == 'cuda' and args.breakdown:
@@ -292,7 +297,7 @@ def main(argv=None) -> dict:
     init_default_scope('mmdet')
     # the optimiser builder logs one line per parameter group at INFO
     MMLogger.get_instance('mmengine', log_level='WARNING')
-    h, w = parse_size(args.size)
+    h, w = args.size
     cfg.model.backbone.init_cfg = None
     inline_name = f"{cfg.model.backbone.type}({cfg.model.backbone.get('arch', '')})"
     backbones = {inline_name: cfg}
@@ -374,14 +379,18 @@ def main(argv=None) -> dict:
                 dtype_ratios[f'{name} {dtype}/fp32'] = row(name, dtype)['median_s'] / \
                     row(name, 'fp32')['median_s']
     on_gpu = device == 'cuda'
-    result = dict(config=args.config, size=[h, w], batch_size=args.batch_size,
+    result = dict(config=args.config, size=[h, w], size_wxh=format_size((h, w)),
+                  batch_size=args.batch_size, cfg_options=args.cfg_options,
                   threads=None if on_gpu else args.threads, device=device,
                   device_name=torch.cuda.get_device_name() if on_gpu else
                   f'CPU ({os.cpu_count()} cores visible)',
                   torch=torch.__version__, cuda=torch.version.cuda if on_gpu else None,
                   warmup=args.warmup, repeats=args.repeats, dtypes=args.dtypes,
                   softmax_backbone=softmax_name, rows=rows,
-                  ratio=ratios.get(args.dtypes[0]), ratios=ratios, dtype_ratios=dtype_ratios)
+                  ratio=ratios.get(args.dtypes[0]), ratios=ratios, dtype_ratios=dtype_ratios,
+                  # after the timed rounds: the matmuls must not heat or load the timed ones
+                  cpu=cpu_record(n=args.peak_size, repeats=args.peak_repeats))
+    print(describe_cpu(result['cpu']))
     where = result['device_name'] if on_gpu else f'{args.threads} threads'
     print(f'\none training iteration, batch {args.batch_size} at {w}x{h}, '
           f'{where} (median, 25-75 %):')

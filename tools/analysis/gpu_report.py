@@ -21,7 +21,7 @@ iteration ``fp16`` is ``tools/train.py --amp`` on a GPU (mmengine's
 and the neck only (mmcv 2.1's CUDA RoIAlign / NMS have no bf16 kernels).
 
 Writes ``table.md`` (Markdown, with the device, torch / CUDA versions, date,
-host load and the command of every part) and ``report.json`` (every figure,
+host load, the host CPU and the command of every part) and ``report.json`` (every figure,
 and the benchmarks' own JSON files beside them).  A part that fails leaves its
 error in the table and the other parts run; the training rows are left out
 with the reason when mmcv has no CUDA ops.  Without a CUDA device the script
@@ -40,6 +40,9 @@ from typing import Dict, List, Optional, Sequence
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(osp.dirname(HERE))
 sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
+
+from inline_mm.engine.launch import add_size_option, format_size  # noqa: E402
 
 #: the detector configs of the training rows (their backbones' softmax twins come from
 #: benchmark_train.softmax_counterpart: mmdet's PVT-T and Swin-T)
@@ -56,7 +59,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--out', default='work_dirs/gpu_report',
                         help='folder of table.md, report.json and the benchmarks\' JSON')
-    parser.add_argument('--size', default='1333x800', help='W x H of every input')
+    add_size_option(parser, '--size', default='1333x800', help='size of every input')
     parser.add_argument('--batch-sizes', type=int, nargs='+', default=[1, 8])
     parser.add_argument('--dtypes', nargs='+', default=['fp32', 'fp16', 'bf16'],
                         choices=['fp32', 'fp16', 'bf16'])
@@ -71,24 +74,27 @@ def parse_args(argv=None):
                         'rows (traces every model once: slower)')
     parser.add_argument('--skip-backbones', action='store_true')
     parser.add_argument('--skip-train', action='store_true')
+    parser.add_argument('--peak-size', type=int, default=4096,
+                        help="side of the square matmul of the host CPU's peak (every JSON "
+                        'records the CPU)')
     return parser.parse_args(argv)
 
 
 def backbone_argv(args, out: str) -> List[str]:
     """The arguments of the backbone part for ``benchmark.py``."""
-    argv = ['--compare', *args.families, '--sizes', args.size,
+    argv = ['--compare', *args.families, '--sizes', format_size(args.size),
             '--batch-sizes', *map(str, args.batch_sizes), '--dtypes', *args.dtypes,
             '--device', 'cuda', '--warmup', str(args.warmup), '--repeats', str(args.repeats),
-            '--out', out]
+            '--peak-size', str(args.peak_size), '--out', out]
     return argv if args.flops else argv + ['--no-flops']
 
 
 def train_argv(args, config: str, batch: int, out: str) -> List[str]:
     """The arguments of one training part for ``benchmark_train.py``."""
-    return [config, '--device', 'cuda', '--size', args.size,
+    return [config, '--device', 'cuda', '--size', format_size(args.size),
             '--batch-size', str(batch), '--dtypes', *args.dtypes,
             '--warmup', str(args.train_warmup), '--repeats', str(args.train_repeats),
-            '--out', out]
+            '--peak-size', str(args.peak_size), '--out', out]
 
 
 def command(script: str, argv: Sequence[str]) -> str:
@@ -178,8 +184,11 @@ def render(report: dict) -> str:
     lines = ['# GPU timing table', '',
              f"{meta['device_name']}, torch {meta['torch']} (CUDA {meta['cuda']}), "
              f"{meta['date']}, host load average {meta['load']} at the start; "
-             f"inputs {meta['size']} (W x H).", '',
-             '## Backbone forward', '']
+             f"inputs {meta['size']} (W x H).", '']
+    if meta.get('cpu'):
+        from _bench_common import describe_cpu
+        lines += [f"Host {describe_cpu(meta['cpu'])}.", '']
+    lines += ['## Backbone forward', '']
     part = report.get('backbone')
     if part is None:
         lines.append('not run (--skip-backbones)')
@@ -253,7 +262,7 @@ def run_training(args, out: str) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
-    from benchmark import cuda_missing
+    from _bench_common import cpu_record, cuda_missing
     missing = cuda_missing('the GPU report times CUDA kernels: run it on a machine with an '
                            'NVIDIA GPU (tools/analysis/benchmark.py --device cpu times the CPU)')
     if missing:
@@ -265,7 +274,8 @@ def main(argv=None) -> int:
     report = dict(meta=dict(
         device_name=torch.cuda.get_device_name(), torch=torch.__version__,
         cuda=torch.version.cuda, date=datetime.datetime.now(datetime.timezone.utc).date()
-        .isoformat(), load=' '.join(f'{v:.2f}' for v in os.getloadavg()), size=args.size,
+        .isoformat(), load=' '.join(f'{v:.2f}' for v in os.getloadavg()),
+        size=format_size(args.size), cpu=cpu_record(n=args.peak_size),
         dtypes=args.dtypes, batch_sizes=args.batch_sizes,
         command=' '.join(['python', 'tools/analysis/gpu_report.py'] +
                          (sys.argv[1:] if argv is None else list(argv)))))
