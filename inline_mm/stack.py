@@ -239,6 +239,8 @@ def check_stack() -> Optional[Line]:
             problems.append(f'the version of {component} ({item.folder}) cannot be read')
         elif not in_range(item.version, line.requirements[component][1]):
             problems.append(f'{item.describe()} is outside {requirement}')
+            # a variant (mmcv-full: the 1.x series) stays beside the new one otherwise
+            uninstall += [d for d, _, _ in item.dists if d != line.requirements[component][0]]
         elif (item.dists and item.module_version is not None
               and _version_key(item.module_version) != _version_key(item.dists[0][1])):
             problems.append(f'the {component} package files in {item.folder} are version '
@@ -262,7 +264,7 @@ def check_stack() -> Optional[Line]:
         return line
     found_text = ', '.join(found[c].describe() if c in found else f'{c} not installed'
                            for c in COMPONENTS)
-    ranges = ', '.join(line.requirement(c) + (' with its compiled ops' if c == 'mmcv' else '')
+    ranges = ', '.join(line.requirement(c) + (' (with its ops for mmdet)' if c == 'mmcv' else '')
                        for c in COMPONENTS)
     fix = []
     if uninstall:
