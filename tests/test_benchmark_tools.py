@@ -247,3 +247,26 @@ def test_benchmark_onnxruntime_rows(tmp_path, capsys):
     assert ratios['inline_pvt_t'] == pytest.approx(
         ort['inline_pvt_t']['latency_ms']['median'] / torch_row['latency_ms']['median'])
     assert out.count('onnxruntime/PyTorch') == 2
+
+
+def test_inference_benchmark_records_the_cpu(toy_root, tmp_path):
+    import benchmark_inference
+    from conftest import toy_det_options
+    out = tmp_path / 'inference.json'
+    opts = [o for o in toy_det_options(toy_root) if 'pipeline.3' not in o]
+    result = benchmark_inference.main([DET_TOY, '--max-iter', '1', '--warmup', '0',
+                                       '--num-workers', '0', '--peak-size', '256',
+                                       '--peak-repeats', '1', '--out', str(out)] + opts)
+    data = json.loads(out.read_text())
+    assert data['per_process'][0]['images'] == 1 and data['cpu'] == result['cpu']
+    assert_cpu_record(data['cpu'], threads=torch.get_num_threads())
+
+
+def test_startup_benchmark_resize_scale_is_width_height():
+    """--size WxH of the startup benchmark becomes mmdet's Resize scale, (width, height)."""
+    import benchmark_startup
+    args = benchmark_startup.parse_args(['--size', '96x64'])
+    options = benchmark_startup.cfg_options('/data', args.size, 1)
+    assert 'train_dataloader.dataset.pipeline.2.scale=(96,64)' in options
+    cfg = Config.fromfile(benchmark_startup.DEFAULT_CONFIG)
+    assert cfg.train_dataloader.dataset.pipeline[2].type == 'Resize'  # what pipeline.2 is
