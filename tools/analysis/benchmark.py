@@ -121,7 +121,6 @@ def plot(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-
 # ---------------------------------------------------------------- the steps of main
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
