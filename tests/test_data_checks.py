@@ -236,7 +236,7 @@ def test_two_processes_train_after_one_check(toy_root, tmp_path):
 def test_startup_benchmark_runs_at_a_tiny_scale(tmp_path):
     data, out = tmp_path / 'data', tmp_path / 'out'
     run = subprocess.run([sys.executable, BENCHMARK, '--scale', '0.0002', '--data-dir',
-                          str(data), '--out', str(out), '--input-size', '128'],
+                          str(data), '--out', str(out), '--size', '128'],
                          capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT,
                          timeout=1500)
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]

@@ -115,7 +115,8 @@ def test_inference_benchmark_on_two_processes(toy_root, tmp_path):
     opts = [o for o in options(toy_root) if 'pipeline.3' not in o and 'deterministic' not in o]
     run = subprocess.run(
         ['bash', os.path.join(REPO_ROOT, 'tools', 'dist_benchmark.sh'), CONFIG, '2',
-         '--max-iter', '3', '--warmup', '1', '--log-interval', '2', '--out', str(out)] + opts,
+         '--max-iter', '3', '--warmup', '1', '--log-interval', '2', '--out', str(out),
+         '--peak-size', '256'] + opts,
         capture_output=True, text=True, env=dict(tool_env(), PORT=str(free_port())), cwd=REPO_ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
