@@ -10,9 +10,11 @@ them (the sampler's order and, with ``num_workers=0``, the random draws of the
 pipeline stay those of an uninterrupted run, as mmengine's
 ``IterBasedTrainLoop`` does on resume) and trains from the first batch after the
 stop.  Replaying loads the data of the skipped batches: a stop late in a long
-epoch costs that epoch's data loading time once.
+epoch costs that epoch's data loading time once.  It overrides the public
+``run_epoch`` / ``run_iter`` of mmengine's loop (``tests/test_mmengine_contract.py``
+checks their signatures) and reads its public ``iter`` / ``epoch``.
 """
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from mmengine.registry import LOOPS
 from mmengine.runner import EpochBasedTrainLoop
@@ -31,27 +33,44 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
     #: (:class:`~inline_mm.engine.hooks.RNGStateHook` restores the random states there)
     before_first_new_batch: Optional[Callable[[], None]] = None
 
+    #: batches of the running epoch replayed without training (set at its start)
+    replayed_batches: int = 0
+
     @property
     def batches_done_in_epoch(self) -> int:
         """Batches of the current epoch trained before the checkpoint resumed from."""
-        return max(0, self._iter - self._epoch * len(self.dataloader))
+        return max(0, self.iter - self.epoch * len(self.dataloader))
 
     def run_epoch(self) -> None:
-        """Iterate one epoch, first replaying the batches trained before a mid-epoch stop."""
-        self.runner.call_hook('before_train_epoch')
-        self.runner.model.train()
-        done = self.batches_done_in_epoch
-        batches = iter(self.dataloader)
-        if done:
+        """Iterate one epoch, first replaying the batches trained before a mid-epoch stop.
+
+        mmengine's ``run_epoch`` fetches every batch and hands it to
+        :meth:`run_iter` with its index; the batches already trained are passed
+        over there, so the indices, the hooks of the epoch and the epoch count
+        stay mmengine's.
+        """
+        self.replayed_batches = self.batches_done_in_epoch
+        if self.replayed_batches:
             self.runner.logger.info(
-                f'resuming epoch {self._epoch + 1} after its batch {done}: replaying the '
-                f'first {done} batches without training on them')
-        for _ in range(done):
-            next(batches)
+                f'resuming epoch {self.epoch + 1} after its batch {self.replayed_batches}: '
+                f'replaying the first {self.replayed_batches} batches without training on '
+                f'them')
+        else:
+            self._first_new_batch_next()
+        try:
+            super().run_epoch()
+        finally:
+            self.replayed_batches = 0
+
+    def run_iter(self, idx: int, data_batch: Sequence[dict]) -> None:
+        """Train on one batch; the batches of a resumed epoch before the stop are skipped."""
+        if idx < self.replayed_batches:
+            if idx == self.replayed_batches - 1:  # the next fetch is the first new batch
+                self._first_new_batch_next()
+            return
+        super().run_iter(idx, data_batch)
+
+    def _first_new_batch_next(self) -> None:
         callback, self.before_first_new_batch = self.before_first_new_batch, None
         if callback is not None:
             callback()
-        for idx, data_batch in enumerate(batches, start=done):
-            self.run_iter(idx, data_batch)
-        self.runner.call_hook('after_train_epoch')
-        self._epoch += 1
