@@ -6,9 +6,10 @@ methods (``CheckpointHook.after_train_iter`` / ``after_train_epoch``,
 (``Runner.load_or_resume``, ``OptimWrapper.update_params`` / ``step``), calls public ones
 (``Runner.save_checkpoint``, the ``Hook`` interval helpers) and relies on mmengine's
 ``last_checkpoint`` protocol for ``--resume``.  Each test fails when the installed
-mmengine, or the oldest one supported (0.10.0, from its inventory in
-``tests/data/api_floors/``), changes a signature or behaviour relied on.
+mmengine, or the oldest one supported (from its inventory in ``tests/data/api_floors/``),
+changes a signature or behaviour relied on.
 """
+import glob
 import inspect
 import os
 
@@ -18,6 +19,9 @@ from mmengine.optim import OptimWrapper
 from mmengine.runner import EpochBasedTrainLoop, Runner, find_latest_checkpoint
 
 from conftest import DATA_DIR
+
+#: the inventory of the oldest mmengine supported (scripts/dump_api_inventory.py)
+OLDEST = (glob.glob(os.path.join(DATA_DIR, 'api_floors', 'mmengine-*.txt')) or [''])[0]
 
 #: (class, method) -> the parameter names our code calls / overrides it with
 RELIED_ON = {
@@ -51,8 +55,8 @@ def _params(func) -> list:
 
 
 def _oldest_signature(cls, method: str) -> list:
-    """The method's parameters in mmengine 0.10.0 (its inventory: ``name (a,b,**)``)."""
-    path = os.path.join(DATA_DIR, 'api_floors', 'mmengine-0.10.0.txt')
+    """The method's parameters in the oldest mmengine (its inventory: ``name (a,b,**)``)."""
+    path = OLDEST
     section = f'[{cls.__module__.split(".")[0]}.{cls.__module__.split(".")[1]}.{cls.__name__}]'
     current = None
     with open(path) as f:
@@ -63,7 +67,7 @@ def _oldest_signature(cls, method: str) -> list:
             elif current == section and line.startswith(method + ' ('):
                 inside = line[len(method) + 2:line.rindex(')')]
                 return inside.split(',') if inside else []
-    raise AssertionError(f'{section} {method} is not in the mmengine 0.10.0 inventory')
+    raise AssertionError(f'{section} {method} is not in the inventory {OLDEST}')
 
 
 @pytest.mark.parametrize('cls,method', list(RELIED_ON), ids=lambda x: getattr(x, '__name__', x))
@@ -75,13 +79,13 @@ def test_signature_of_what_we_call(cls, method):
 
 
 def _oldest_constructor(name: str) -> list:
-    """A class's constructor arguments in mmengine 0.10.0 (listed under its package)."""
-    path = os.path.join(DATA_DIR, 'api_floors', 'mmengine-0.10.0.txt')
+    """A class's constructor arguments in the oldest mmengine (listed under its package)."""
+    path = OLDEST
     with open(path) as f:
         for line in f:
             if line.startswith(name + ' ('):
                 return line[len(name) + 2:line.rindex(')')].split(',')
-    raise AssertionError(f'{name} is not in the mmengine 0.10.0 inventory')
+    raise AssertionError(f'{name} is not in the inventory {OLDEST}')
 
 
 def test_checkpoint_hook_settings_are_public_attributes():
