@@ -12,9 +12,15 @@ Nothing else is imported: the toy datasets (``inline_mm.datasets``) and the
 training extensions (hooks, optimiser wrappers: ``inline_mm.engine``) come in
 through the ``custom_imports`` of the configs that use them.
 """
-from .checkpoint import allow_mmengine_checkpoints, load_pretrained
-from .models import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
-from .registry import available_toolkits, register_model
+from .stack import check_stack
+
+# before any toolkit import: a wrong or mixed mmengine / mmcv / mmdet / mmseg stops here
+# with one message (versions, ranges, the pip fix) instead of a traceback inside a toolkit
+check_stack()
+
+from .checkpoint import allow_mmengine_checkpoints, load_pretrained  # noqa: E402
+from .models import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin  # noqa: E402
+from .registry import available_toolkits, register_model  # noqa: E402
 
 __version__ = '0.1.0'
 
