@@ -9,7 +9,7 @@ import torch
 from test_custom_data import readme_config, run, shapes_coco  # noqa: F401  (fixture)
 
 from conftest import REPO_ROOT
-from inline_mm.engine.fault_tolerance import PREEMPTED_EXIT_CODE
+from inline_mm.engine.signals import PREEMPTED_EXIT_CODE
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,9 @@ from conftest import (REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, free_port, tool_env
                       toy_det_options)
 from conftest import scalars as all_scalars
 
-from inline_mm.engine.fault_tolerance import (PREEMPTED_EXIT_CODE, atomic_write,
-                                              checkpoint_problem, newest_readable_checkpoint)
+from inline_mm.engine.atomic_io import atomic_write
+from inline_mm.engine.checkpoint_files import checkpoint_problem, newest_readable_checkpoint
+from inline_mm.engine.signals import PREEMPTED_EXIT_CODE
 
 CONFIG, TRAIN = TOY_DET_CONFIG, TRAIN_TOOL
 DIST_TRAIN = os.path.join(REPO_ROOT, 'tools', 'dist_train.sh')
@@ -313,7 +314,7 @@ def test_the_bad_sample_record_is_removed(tmp_path):
     and by the process that made it when it exits with the wrapper still alive."""
     code = (
         'import gc, os\n'
-        'from inline_mm.engine.fault_tolerance import SkipBadSamples\n'
+        'from inline_mm.engine.bad_samples import SkipBadSamples\n'
         'a = SkipBadSamples(list(range(10)))\n'
         'b = SkipBadSamples(list(range(10)))\n'
         'assert os.path.isfile(a._record) and os.path.isfile(b._record)\n'

@@ -13,7 +13,7 @@ from mmengine.registry import init_default_scope
 
 import inline_mm.engine  # noqa: F401  (registers SkipBadSamples)
 from inline_mm.datasets import make_ade_toy
-from inline_mm.engine.fault_tolerance import BadSampleLimitError
+from inline_mm.engine.bad_samples import BadSampleLimitError
 
 SEG_RECIPES = sorted(glob.glob(os.path.join(REPO_ROOT, 'configs', 'seg', '*.py')))
 DET_RECIPES = sorted(glob.glob(os.path.join(REPO_ROOT, 'configs', 'det', '*.py')))

@@ -14,7 +14,7 @@
   take the newest *readable* checkpoint.
 * :class:`PreemptionHook`: SIGTERM / SIGUSR1 stop every process after the
   current iteration, with a checkpoint, and exit status
-  :data:`~inline_mm.engine.fault_tolerance.PREEMPTED_EXIT_CODE` (75).
+  :data:`~inline_mm.engine.signals.PREEMPTED_EXIT_CODE` (75).
 
 :class:`~inline_mm.engine.nonfinite.NonFiniteLossHook` (a NaN / Inf loss or
 gradient skips the optimizer step) lives in its own module; it carries the
@@ -33,11 +33,11 @@ from mmengine.dist import all_gather_object, all_reduce, broadcast_object_list, 
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
-from .fault_tolerance import (ATOMIC_BACKEND, PREEMPTED_EXIT_CODE, CheckpointWriteError,
-                              PreemptionFlag, atomic_write, newest_readable_checkpoint,
-                              remove_stale_temp_files)
+from .atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
+from .checkpoint_files import CheckpointWriteError, newest_readable_checkpoint
 from ..checkpoint import mmengine_checkpoint_globals
 from .loops import ResumableEpochBasedTrainLoop
+from .signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 
 
 #: file name start of the mid-epoch checkpoints written on preemption

@@ -1,0 +1,117 @@
+"""Atomic checkpoint files: a reader sees the old file or the whole new one, never a torn one.
+
+mmengine's local file backend writes a checkpoint in place, and its ``CheckpointHook``
+writes ``last_checkpoint`` the same way: a kill, a full disk or a power loss in the
+middle leaves a truncated file under the final name.  This module adds:
+
+* :func:`atomic_write`: the data go to a temp file in the same folder, flushed,
+  fsynced and renamed over the target, then the folder is fsynced; the file gets the
+  mode ``open()`` would give it (0666 less the umask), as mmengine's own files;
+* :class:`AtomicLocalBackend`: mmengine's local file backend with ``put`` going
+  through :func:`atomic_write`, registered as the file backend ``'inline_mm_atomic_local'``
+  (what :class:`~inline_mm.engine.hooks.AtomicCheckpointHook` saves through);
+* :func:`remove_stale_temp_files`: the temp files of writes that were killed.
+"""
+import os
+import os.path as osp
+import tempfile
+from pathlib import Path
+from typing import List, Union
+
+from mmengine.fileio import LocalBackend, register_backend
+
+
+#: name of the atomic local file backend in mmengine's file backend registry
+ATOMIC_BACKEND = 'inline_mm_atomic_local'
+
+
+def fsync_dir(folder: str) -> None:
+    """fsync a folder so a rename in it survives a power loss (no-op where unsupported)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on folders
+        pass
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    """The process's umask: from /proc (Linux), else by setting and restoring it."""
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith('Umask:'):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no getter elsewhere; a brief window for other threads
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(data: Union[bytes, str], path: str) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is either the old file or the whole new one.
+
+    The data go to a temp file in the same folder, which is flushed, fsynced
+    and renamed over ``path``; the folder is fsynced after the rename.  On
+    failure the temp file is removed and ``path`` is untouched.
+
+    Raises:
+        OSError: the folder cannot be written (read-only, full disk ...); the
+            error carries ``path`` as its file name.
+    """
+    if isinstance(data, str):
+        data = data.encode('utf-8')
+    folder = osp.dirname(osp.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
+    try:
+        # mkstemp makes the file 0600; give it the mode open() would (0666 less the umask),
+        # so teammates on shared storage read checkpoints as they read mmengine's own
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, 'wb') as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        if isinstance(err, OSError) and err.filename is None:
+            raise OSError(err.errno, err.strerror, path) from err
+        raise
+    fsync_dir(folder)
+
+
+class AtomicLocalBackend(LocalBackend):
+    """mmengine's local file backend whose writes are atomic (see :func:`atomic_write`)."""
+
+    def put(self, obj: bytes, filepath: Union[str, Path]) -> None:
+        atomic_write(obj, str(filepath))
+
+    def put_text(self, obj: str, filepath: Union[str, Path], encoding: str = 'utf-8') -> None:
+        atomic_write(obj.encode(encoding), str(filepath))
+
+
+register_backend(ATOMIC_BACKEND, AtomicLocalBackend, force=True)
+
+
+def remove_stale_temp_files(folder: str) -> List[str]:
+    """Remove the temp files of writes that were killed (``.NAME.XXXX.tmp``)."""
+    removed = []
+    if not osp.isdir(folder):
+        return removed
+    for name in os.listdir(folder):
+        if name.startswith('.') and name.endswith('.tmp'):
+            try:
+                os.remove(osp.join(folder, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed

@@ -1,0 +1,57 @@
+"""Preemption signals: handlers that only record a stop request, and the exit status.
+
+mmengine handles no signal: SIGTERM (what Slurm, Kubernetes and torchrun send before
+they stop a job) kills the run between two checkpoints.  :class:`PreemptionFlag`
+records SIGTERM / SIGUSR1 so that :class:`~inline_mm.engine.hooks.PreemptionHook` can
+finish the iteration, write a checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`.
+"""
+import os
+import signal
+from typing import Any, Dict, Optional, Sequence
+
+
+#: exit status of a run stopped by SIGTERM / SIGUSR1 after writing its checkpoint
+#: (``EX_TEMPFAIL`` of sysexits.h: "temporary failure, retry later");
+#: ``tools/slurm_train.sh`` requeues the job on it
+PREEMPTED_EXIT_CODE = 75
+
+
+class PreemptionFlag:
+    """Signal handlers that only record that a stop was asked for.
+
+    Installed in the training process only: a forked data-loader worker that
+    inherits them ignores the signal, so it keeps serving batches until the
+    training process has written its checkpoint and exits.
+    """
+
+    def __init__(self, signals: Sequence[str] = ('SIGTERM', 'SIGUSR1')) -> None:
+        self.signals = [getattr(signal, s) if isinstance(s, str) else s for s in signals]
+        self.received: Optional[int] = None
+        self._pid = os.getpid()
+        self._previous: Dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if os.getpid() == self._pid and self.received is None:
+            self.received = signum
+
+    def install(self) -> bool:
+        """Install the handlers; False outside the main thread (signals cannot be caught there)."""
+        self._pid = os.getpid()
+        try:
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handler)
+        except ValueError:
+            return False
+        return True
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            try:
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+            except ValueError:
+                pass
+        self._previous.clear()
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ''
