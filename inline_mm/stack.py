@@ -56,7 +56,7 @@ class Line:
 
 OPENMMLAB = Line(
     name='OpenMMLab',
-    requirements={'mmengine': ('mmengine', '>=0.10,<0.11'), 'mmcv': ('mmcv', '>=2.0,<2.2'),
+    requirements={'mmengine': ('mmengine', '>=0.10.3,<0.11'), 'mmcv': ('mmcv', '>=2.0,<2.2'),
                   'mmdet': ('mmdet', '>=3.0,<3.4'),
                   'mmseg': ('mmsegmentation', '>=1.0,<1.3')},
     # mmcv-lite has no compiled ops, mmcv-full is the 1.x series: named when found
