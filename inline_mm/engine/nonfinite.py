@@ -89,7 +89,7 @@ class NonFiniteLossHook(Hook):
         wrappers = runner.optim_wrapper.optim_wrappers.values() \
             if isinstance(runner.optim_wrapper, OptimWrapperDict) else [runner.optim_wrapper]
         for wrapper in wrappers:
-            if isinstance(wrapper, OptimWrapper) and not getattr(wrapper, '_inline_mm_guarded',
+            if isinstance(wrapper, OptimWrapper) and not getattr(wrapper, 'inline_mm_guarded',
                                                                  False):
                 self._guard(wrapper)
 
@@ -128,7 +128,7 @@ class NonFiniteLossHook(Hook):
 
         wrapper.update_params = guarded_update_params
         wrapper.step = guarded_step
-        wrapper._inline_mm_guarded = True
+        wrapper.inline_mm_guarded = True  # our mark: guard each wrapper once
 
     def _count(self, bad: bool) -> bool:
         runner = self._runner
