@@ -200,9 +200,14 @@ def test_two_processes_stop_with_process_0s_verdict(tmp_path):
     run, lines = run_two_processes(tmp_path, root, [FULL_CONFIG, '--work-dir', str(work),
                                                     '--cfg-options', *options])
     output = run.stdout + run.stderr
-    assert lines('status', 0) == ['2'] and lines('status', 1) == ['2'], output[-3000:]
+    # torchrun ends the other workers as soon as one has exited with an error (torch 2.1's
+    # agent looks every 5 s), so the slower process may be stopped before it records its
+    # status: every status recorded is 2, and each process that recorded one printed the line
+    statuses = [lines('status', rank) for rank in (0, 1)]
+    assert ['2'] in statuses and all(s in (['2'], None) for s in statuses), output[-3000:]
+    assert run.returncode != 0
     errors = [line for line in output.splitlines() if line.startswith('error: ')]
-    assert len(errors) == 2 and errors[0] == errors[1], output[-3000:]
+    assert 2 - statuses.count(None) <= len(errors) <= 2 and len(set(errors)) == 1, output[-3000:]
     assert errors[0].startswith('error: the categories of')
     assert "'circle', 'rectangle', 'triangle'" in errors[0] and "'person'" in errors[0]
     # no traceback of the workers (torchrun prints one of its own for failed workers)

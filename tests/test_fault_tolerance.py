@@ -478,6 +478,19 @@ def node_processes(launcher_pid):
     return [launcher_pid] + list(train_workers(launcher_pid).values())
 
 
+def signal_group_or_process(pid, sig):
+    """Signal the process group ``pid`` leads (a worker and its data-loader workers), or the
+    process alone where it leads none (torch 2.1's torchrun keeps its workers in its own
+    group); nothing when it is gone already (killed with its launcher's group)."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('fault', ['killed', 'frozen'])
 def test_a_lost_node_ends_the_other_and_the_job_resumes(toy_root, tmp_path, fault):
@@ -497,17 +510,14 @@ def test_a_lost_node_ends_the_other_and_the_job_resumes(toy_root, tmp_path, faul
         assert wait_for(lambda: any(r.get('iter', 0) >= 3 for r in scalars(work)), nodes[0])
         lost = node_processes(nodes[1].pid)
         assert len(lost) == 2, 'node 1 has no worker'
-        for group in lost:
-            os.killpg(group, signal.SIGKILL if fault == 'killed' else signal.SIGSTOP)
+        for pid in lost:
+            signal_group_or_process(pid, signal.SIGKILL if fault == 'killed' else signal.SIGSTOP)
         stopped = time.time()
         out, _ = nodes[0].communicate(timeout=120)
         took = time.time() - stopped
     finally:
-        for group in lost:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for pid in lost:
+            signal_group_or_process(pid, signal.SIGKILL)
         for p in nodes:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
