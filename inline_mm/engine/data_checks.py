@@ -31,7 +31,7 @@ from mmengine.logging import print_log
 from mmengine.registry import DefaultScope
 
 from ..errors import ConfigError, DataError, MissingFileError, UserInputError
-from .fault_tolerance import SkipBadSamples, file_problem
+from .bad_samples import SkipBadSamples, file_problem
 
 #: expected layouts, quoted in errors about a missing data folder
 LAYOUTS = {
@@ -436,7 +436,7 @@ def _check_image_files(cfg: Config, loader: str, root: str, prefix: dict, ann_pa
     """Look for (a sample of) the images an annotation file lists.
 
     None found: the image folder is wrong (error).  Some missing: an error,
-    unless the loader's dataset is :class:`~inline_mm.engine.fault_tolerance.SkipBadSamples`,
+    unless the loader's dataset is :class:`~inline_mm.engine.bad_samples.SkipBadSamples`,
     which skips and logs them during training (a warning then).
     """
     folder = _join(root, prefix.get('img', prefix.get('img_path', '')) or '')
