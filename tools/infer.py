@@ -12,7 +12,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from inline_mm.checkpoint import check_checkpoint_fits  # noqa: E402
+from inline_mm.checkpoint import check_checkpoint_fits, mmengine_checkpoint_globals  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
 from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import draw_predictions, task_of  # noqa: E402
@@ -57,7 +57,8 @@ def main(argv=None) -> None:
     # refuse a checkpoint that is not a checkpoint, or not of this config's model, in one
     # line (mmengine would load it with a warning and draw meaningless predictions)
     check_checkpoint_fits(init_model(cfg, None, device='cpu'), args.checkpoint)
-    model = init_model(cfg, args.checkpoint, device=args.device)
+    with mmengine_checkpoint_globals():  # a runner checkpoint's types, for this load only
+        model = init_model(cfg, args.checkpoint, device=args.device)
     if args.amp:
         enable_inference_autocast(model, task_of(cfg))
     written = draw_predictions(model, cfg, args.images, args.out_dir, args.score_thr,

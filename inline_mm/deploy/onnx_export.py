@@ -90,7 +90,9 @@ def build_model(config: str, checkpoint: Optional[str] = None, device: str = 'cp
         from mmdet.apis import init_detector as init_model
     else:
         from mmseg.apis import init_model
-    model = init_model(cfg, checkpoint, device=device)
+    from ..checkpoint import mmengine_checkpoint_globals
+    with mmengine_checkpoint_globals():  # a runner checkpoint's types, this load only
+        model = init_model(cfg, checkpoint, device=device)
     return model.eval(), cfg, task
 
 

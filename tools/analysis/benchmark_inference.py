@@ -29,6 +29,7 @@ from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.runner import Runner, load_checkpoint  # noqa: E402
 from _bench_common import add_peak_args, cpu_record, describe_cpu  # noqa: E402
 
+from inline_mm.checkpoint import mmengine_checkpoint_globals  # noqa: E402
 from inline_mm.engine.dist import finish_distributed, prepare_distributed  # noqa: E402
 from inline_mm.engine.launch import add_runner_args, cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import build_model, check_datasets  # noqa: E402
@@ -73,7 +74,8 @@ def main(argv=None) -> dict:
 
     model = build_model(cfg)
     if args.checkpoint:
-        load_checkpoint(model, args.checkpoint, map_location='cpu')
+        with mmengine_checkpoint_globals():  # a runner checkpoint's types, this load only
+            load_checkpoint(model, args.checkpoint, map_location='cpu')
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
     model = model.to(device).eval()
 
