@@ -109,3 +109,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
+
+
+def site_packages_farm(folder, hide=()):
+    """``folder`` filled with symlinks to this environment's site-packages entries, less
+    those matching a glob pattern of ``hide``: an environment that sees the installed
+    packages without copying them (packaging and stack-check tests)."""
+    import fnmatch
+    import sysconfig
+    site = sysconfig.get_paths()['purelib']
+    folder.mkdir()
+    for name in os.listdir(site):
+        if not any(fnmatch.fnmatch(name, pattern) for pattern in hide):
+            os.symlink(os.path.join(site, name), folder / name)
+    return folder

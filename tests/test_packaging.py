@@ -1,17 +1,15 @@
 """The plugin fits an existing OpenMMLab environment: ranges, light import, one toolkit."""
 import configparser
-import fnmatch
 import glob
 import os
 import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, site_packages_farm
 
 SETUP_CFG = os.path.join(REPO_ROOT, 'setup.cfg')
 
@@ -168,12 +166,7 @@ def _environment_over_this_one(root, hide):
     Its ``.pth`` file names a folder of symlinks to this environment's entries, so pip
     there finds torch, mmcv, mmdet, ... installed, without a copy of them.
     """
-    site = sysconfig.get_paths()['purelib']
-    parent = root / 'parent-site-packages'
-    parent.mkdir()
-    for name in os.listdir(site):
-        if not any(fnmatch.fnmatch(name, pattern) for pattern in hide):
-            os.symlink(os.path.join(site, name), parent / name)
+    parent = site_packages_farm(root / 'parent-site-packages', hide)
     venv = root / 'venv'
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
     python = str(venv / 'bin' / 'python')

@@ -6,15 +6,13 @@ files change too, a package folder of that version.  Everything else (torch, the
 mmengine / mmcv / mmdet / mmseg) is the environment's own.
 """
 import configparser
-import fnmatch
 import os
 import re
 import subprocess
 import sys
-import sysconfig
 
 import pytest
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, site_packages_farm
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -44,12 +42,7 @@ def _import(shadow, code='import inline_mm', hide=(), **env):
     environ = dict(os.environ, PYTHONPATH=str(shadow), **env)
     command = [sys.executable, '-c', code]
     if hide:
-        site = sysconfig.get_paths()['purelib']
-        farm = shadow / 'site-packages-copy'
-        farm.mkdir()
-        for name in os.listdir(site):
-            if not any(fnmatch.fnmatch(name, pattern) for pattern in hide):
-                os.symlink(os.path.join(site, name), farm / name)
+        farm = site_packages_farm(shadow / 'site-packages-copy', hide)
         # -S: not the real site-packages; addsitedir runs the copy's .pth files
         command = [sys.executable, '-S', '-c', f'import site; site.addsitedir({str(farm)!r}); '
                    + code]
