@@ -13,8 +13,8 @@ from mmengine.optim import build_optim_wrapper
 
 import inline_mm.engine  # noqa: F401  (registers CPUAutocastOptimWrapper)
 from inline_mm.datasets import make_coco_toy
-from inline_mm.engine.amp import configure_amp, enable_inference_autocast
-from inline_mm.engine.autocast import autocast_parts, cast_to_fp32, remove_autocast_parts
+from inline_mm.engine.amp import (autocast_parts, cast_to_fp32, configure_amp,
+                                  enable_inference_autocast, remove_autocast_parts)
 
 DET_CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
 SEG_CONFIG = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')

@@ -7,16 +7,15 @@ installed toolkits') registries.  Configs that use them name it in
 ``import inline_mm`` does not import it.
 """
 from . import metrics, visualization  # noqa: F401  (registration)
-from .amp import configure_amp, cpu_has_fast_bf16, enable_inference_autocast
+from .amp import (AutocastHandle, CPUAutocastOptimWrapper, autocast_parts, configure_amp,
+                  cpu_has_fast_bf16, enable_inference_autocast)
 from .atomic_io import AtomicLocalBackend
-from .autocast import AutocastHandle, autocast_parts
 from .bad_samples import BadSampleLimitError, SkipBadSamples
 from .checkpoint_files import CheckpointWriteError
 from .dist import AnyDeviceDistributedDataParallel
 from .hooks import AtomicCheckpointHook, MeanLossLoggerHook, PreemptionHook, RNGStateHook
 from .loops import ResumableEpochBasedTrainLoop
 from .nonfinite import NonFiniteLossError, NonFiniteLossHook
-from .optim_wrappers import CPUAutocastOptimWrapper
 from .signals import PREEMPTED_EXIT_CODE
 
 __all__ = ['configure_amp', 'cpu_has_fast_bf16', 'enable_inference_autocast', 'AutocastHandle',

@@ -1,29 +1,61 @@
-"""What ``--amp`` means for the tools, on a GPU and on the CPU.
+"""Mixed precision without a GPU, and for detectors whose mmcv ops take fp32 only.
 
-Two entry points, used by ``tools/train.py``, ``tools/test.py`` and
-``tools/infer.py``:
+What mmengine and torch do not offer:
 
-- :func:`configure_amp` rewrites a config's ``optim_wrapper`` for mixed
-  precision training: mmengine's ``AmpOptimWrapper`` (fp16, dynamic loss
-  scale) on a GPU; :class:`~inline_mm.engine.CPUAutocastOptimWrapper` (bf16)
-  without one, restricted to the backbone and the neck for detectors, whose
-  RoIAlign / NMS CPU kernels in mmcv take fp32 only.
-- :func:`enable_inference_autocast` makes a built model predict in mixed
-  precision: the same parts, fp16 on a GPU, bf16 on the CPU.
+- mmengine's ``AmpOptimWrapper`` is built on ``torch.cuda.amp`` and refuses
+  to start without a GPU; :class:`CPUAutocastOptimWrapper` runs the training
+  forward under ``torch.autocast('cpu', dtype=torch.bfloat16)`` (bf16 has
+  fp32's exponent range: no loss scale).
+- mmcv's CPU kernels of RoIAlign and NMS take fp32 only, so a detector cannot
+  run its whole forward under CPU autocast.  :func:`autocast_parts` confines
+  autocast to named submodules (the backbone and the neck, nearly all of a
+  detector's FLOPs) with forward hooks, and casts their outputs back to fp32.
+- What ``--amp`` means for ``tools/train.py``, ``tools/test.py`` and
+  ``tools/infer.py``: :func:`configure_amp` rewrites a config's
+  ``optim_wrapper`` (``AmpOptimWrapper`` fp16 on a GPU, the CPU wrapper in
+  bf16 without one); :func:`enable_inference_autocast` makes a built model
+  predict in mixed precision (the same parts).  Both warn on CPUs without
+  bf16 units (:func:`cpu_has_fast_bf16`), where bf16 is slower than fp32.
 """
 import warnings
-from typing import Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 from mmengine.config import Config
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-
-from .autocast import AutocastHandle, autocast_parts
+from mmengine.optim import OptimWrapper
+from mmengine.registry import OPTIM_WRAPPERS
+from mmengine.structures import BaseDataElement
+from torch.utils.hooks import RemovableHandle
 
 #: submodules a detector runs under autocast on the CPU (outputs back to fp32 for the heads)
 DETECTOR_PARTS: Tuple[str, ...] = ('backbone', 'neck')
+
+#: attribute under which a hooked submodule keeps its handle (makes re-installing idempotent)
+_ATTR = '_inline_mm_autocast'
+
+DtypeLike = Union[str, torch.dtype]
+
+
+def to_dtype(dtype: DtypeLike) -> torch.dtype:
+    """``'bfloat16' | 'bf16' | 'float16' | 'fp16'`` or a ``torch.dtype`` -> ``torch.dtype``."""
+    if isinstance(dtype, torch.dtype):
+        result = dtype
+    else:
+        result = {'bfloat16': torch.bfloat16, 'bf16': torch.bfloat16,
+                  'float16': torch.float16, 'fp16': torch.float16,
+                  'half': torch.float16}.get(str(dtype))
+    if result not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"autocast dtype is 'bfloat16' or 'float16', got {dtype!r}")
+    return result
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model inside a model wrapper (DDP), or the model itself."""
+    return model.module if is_model_wrapper(model) else model
 
 
 def cpu_has_fast_bf16() -> Optional[bool]:
@@ -32,6 +64,8 @@ def cpu_has_fast_bf16() -> Optional[bool]:
     Without them torch's bf16 matmuls and convolutions fall back to scalar
     kernels, many times slower than fp32 (on an AVX2-only CPU a bf16 matmul
     runs at a few percent of the fp32 rate), so bf16 autocast slows training down.
+    torch has no public query of these units (``torch.backends.cpu.get_cpu_capability``
+    names the vector width only); its own private ones are read when present.
     """
     checks = [getattr(torch.cpu, name, None)
               for name in ('_is_avx512_bf16_supported', '_is_amx_tile_supported')]
@@ -41,12 +75,241 @@ def cpu_has_fast_bf16() -> Optional[bool]:
     return any(c() for c in checks)
 
 
-def _warn_if_slow_bf16(dtype) -> None:
+def _warn_if_slow_bf16(dtype: DtypeLike) -> None:
     if str(dtype) in ('bfloat16', 'torch.bfloat16') and cpu_has_fast_bf16() is False:
         warnings.warn('bf16 autocast on a CPU without AVX512-BF16 / AMX: torch runs bf16 '
                       'matmuls and convolutions with slow fallback kernels here, so mixed '
                       'precision is slower than fp32 on this machine', RuntimeWarning,
                       stacklevel=3)
+
+
+def cast_to_fp32(obj: Any) -> Any:
+    """Cast the fp16 / bf16 tensors in ``obj`` to fp32.
+
+    Recurses into tuples (named tuples included), lists, dicts and mmengine
+    data elements (the data samples a whole model returns); integer tensors
+    and fp32 / fp64 tensors are returned unchanged.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.dtype in (torch.bfloat16, torch.float16) else obj
+    if isinstance(obj, tuple):
+        items = [cast_to_fp32(o) for o in obj]
+        return type(obj)(*items) if hasattr(obj, '_fields') else type(obj)(items)
+    if isinstance(obj, list):
+        return [cast_to_fp32(o) for o in obj]
+    if isinstance(obj, dict):
+        return type(obj)((k, cast_to_fp32(v)) for k, v in obj.items())
+    if isinstance(obj, BaseDataElement):
+        for key, value in list(obj.items()):
+            setattr(obj, key, cast_to_fp32(value))
+        return obj
+    return obj
+
+
+def _device_type(module: nn.Module, args: Tuple) -> str:
+    """The device the forward runs on: its first tensor input's, else its parameters'."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device.type
+        if isinstance(arg, (list, tuple)) and arg and isinstance(arg[0], torch.Tensor):
+            return arg[0].device.type
+    param = next(module.parameters(), None)
+    return param.device.type if param is not None else 'cpu'
+
+
+class AutocastHandle:
+    """Hooks of :func:`autocast_parts` on a set of submodules.
+
+    Attributes:
+        model: the (unwrapped) model the parts belong to.
+        dtype: the autocast dtype.
+        parts: names of the hooked submodules (``''`` is the model itself).
+        enabled: when False the hooks do nothing (the parts run as without
+            them); :class:`CPUAutocastOptimWrapper` turns them on only inside
+            its ``optim_context``, so validation stays fp32.
+    """
+
+    def __init__(self, model: nn.Module, parts: Sequence[str], dtype: torch.dtype,
+                 enabled: bool = True) -> None:
+        self.model = model
+        self.dtype = dtype
+        self.parts = tuple(parts)
+        self.enabled = enabled
+        self._hooks: List[RemovableHandle] = []
+        # one stack per submodule: a part may be called again inside itself
+        self._active: Dict[int, List[Optional[torch.autocast]]] = {}
+        for module in self._modules():
+            self._active[id(module)] = []
+            self._hooks.append(module.register_forward_pre_hook(self._enter))
+            # always_call: leave autocast even when the forward raises
+            self._hooks.append(module.register_forward_hook(self._exit, always_call=True))
+            setattr(module, _ATTR, self)
+
+    def _modules(self) -> List[nn.Module]:
+        return [self.model.get_submodule(name) if name else self.model for name in self.parts]
+
+    @property
+    def installed(self) -> bool:
+        return bool(self._hooks)
+
+    def _enter(self, module: nn.Module, args: Tuple) -> None:
+        ctx = None
+        if self.enabled:
+            ctx = torch.autocast(_device_type(module, args), dtype=self.dtype)
+            ctx.__enter__()
+        self._active[id(module)].append(ctx)
+
+    def _exit(self, module: nn.Module, args: Tuple, output: Any) -> Any:
+        stack = self._active[id(module)]
+        ctx = stack.pop() if stack else None
+        if ctx is None:
+            return None  # this call ran without autocast: output as it is
+        ctx.__exit__(None, None, None)
+        return cast_to_fp32(output)
+
+    def remove(self) -> None:
+        """Remove the hooks; the parts run as before :func:`autocast_parts`."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        for module in self._modules():
+            if getattr(module, _ATTR, None) is self:
+                delattr(module, _ATTR)
+
+    @contextmanager
+    def enable(self, enabled: bool = True) -> Iterator['AutocastHandle']:
+        """Context in which the hooks are on (or off, ``enabled=False``)."""
+        before, self.enabled = self.enabled, enabled
+        try:
+            yield self
+        finally:
+            self.enabled = before
+
+    def __repr__(self) -> str:
+        return (f'AutocastHandle(parts={list(self.parts)}, dtype={self.dtype}, '
+                f'enabled={self.enabled}, installed={self.installed})')
+
+
+def autocast_parts(model: nn.Module, parts: Optional[Sequence[str]] = DETECTOR_PARTS,
+                   dtype: DtypeLike = torch.bfloat16, enabled: bool = True,
+                   strict: bool = False) -> AutocastHandle:
+    """Run the named submodules of ``model`` under autocast, fp32 outside them.
+
+    A forward pre-hook on each part enters ``torch.autocast`` (on the device of
+    the part's input) and a forward hook leaves it and casts the part's
+    floating-point outputs (tensors, tuples / lists / dicts of them, data
+    samples) to fp32.  Inside a part, autocast's usual rules apply: matmuls and
+    convolutions run in ``dtype``, ops on autocast's fp32 list and code that
+    disables autocast (InLine's token reductions) stay fp32.  Nothing of the
+    model's own code changes, and :meth:`AutocastHandle.remove` restores it.
+
+    Installing twice is idempotent: when the parts already carry hooks of the
+    same dtype their handle is returned (with ``enabled`` set as asked);
+    otherwise the old hooks are removed first.
+
+    Args:
+        model: the model, or a model wrapper (DDP) around it.
+        parts: dotted submodule names (``'backbone'``, ``'neck'``,
+            ``'backbone.layers.0'``); None or ``('',)`` means the whole model.
+            Parts the model lacks (a detector without neck) are skipped unless
+            ``strict``.
+        dtype: ``torch.bfloat16`` (default, CPUs and recent GPUs) or
+            ``torch.float16`` (or their names).
+        enabled: initial state of the hooks (see :class:`AutocastHandle`).
+        strict: raise on a missing part.
+
+    Raises:
+        ValueError: no named part exists, a part is missing with ``strict``,
+            or ``dtype`` is not a 16-bit float type.
+    """
+    dtype = to_dtype(dtype)
+    model = _unwrap(model)
+    found, missing = [], []
+    for name in [''] if not parts else list(parts):
+        try:
+            found.append((name, model.get_submodule(name) if name else model))
+        except AttributeError:
+            missing.append(name)
+    if missing and (strict or not found):
+        raise ValueError(f'{type(model).__name__} has no submodule(s) {missing} to autocast')
+    handles = {getattr(m, _ATTR, None) for _, m in found}
+    if len(handles) == 1:
+        old = next(iter(handles))
+        if old is not None and old.dtype == dtype and old.model is model and \
+                set(old.parts) == {n for n, _ in found}:
+            old.enabled = enabled
+            return old
+    for old in handles:
+        if old is not None:
+            old.remove()
+    return AutocastHandle(model, [n for n, _ in found], dtype, enabled)
+
+
+def remove_autocast_parts(model: nn.Module) -> None:
+    """Remove every :func:`autocast_parts` hook from ``model`` and its submodules."""
+    for module in _unwrap(model).modules():
+        handle = getattr(module, _ATTR, None)
+        if handle is not None:
+            handle.remove()
+
+
+@OPTIM_WRAPPERS.register_module()
+class CPUAutocastOptimWrapper(OptimWrapper):
+    """``OptimWrapper`` whose training forward passes run under ``torch.autocast('cpu')``.
+
+    Parameters, gradients and the optimiser state stay in fp32; only the
+    autocast-eligible operations (matmuls, convolutions) run in ``dtype``.
+
+    With ``parts`` only those submodules run under autocast, and their outputs
+    are cast back to fp32 (:func:`autocast_parts`): detectors use
+    ``parts=('backbone', 'neck')`` because the CPU kernels of mmcv's RoIAlign
+    and NMS take fp32 only.  The hooks are on inside :meth:`optim_context`
+    only (the training forward), so validation and testing stay fp32.
+
+    Args:
+        dtype: ``'bfloat16'`` (default) or ``'float16'``.
+        parts: names of the submodules to autocast, e.g.
+            ``('backbone', 'neck')``; None (default) autocasts the whole
+            training forward, losses included.
+        only_with_bf16_units: run in fp32 instead on CPUs without bf16 units
+            (AVX512-BF16 / AMX), where torch's bf16 kernels are several times
+            slower than fp32 (configs that want speed, not bf16 itself, set it).
+        **kwargs: as for :class:`mmengine.optim.OptimWrapper`.
+    """
+
+    def __init__(self, *args, dtype: DtypeLike = 'bfloat16',
+                 parts: Optional[Sequence[str]] = None, only_with_bf16_units: bool = False,
+                 **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.autocast_enabled = not (only_with_bf16_units and cpu_has_fast_bf16() is False)
+        if not self.autocast_enabled:
+            print_log('CPUAutocastOptimWrapper: this CPU has no bf16 units (AVX512-BF16 / '
+                      'AMX), so the forward runs in fp32 (only_with_bf16_units=True)',
+                      logger='current')
+        self.cast_dtype = to_dtype(dtype)
+        if isinstance(parts, str):
+            parts = (parts, )
+        self.parts = tuple(parts) if parts else None
+        self._handle: Optional[AutocastHandle] = None
+
+    def _part_hooks(self, model: nn.Module) -> AutocastHandle:
+        """Install the hooks on the first use (the wrapper is built before it sees the model)."""
+        module = _unwrap(model)
+        if self._handle is None or not self._handle.installed or self._handle.model is not module:
+            self._handle = autocast_parts(module, self.parts, self.cast_dtype, enabled=False)
+        return self._handle
+
+    @contextmanager
+    def optim_context(self, model: nn.Module):
+        if not self.autocast_enabled:
+            with super().optim_context(model):
+                yield
+        elif self.parts is None:
+            with super().optim_context(model), torch.autocast('cpu', dtype=self.cast_dtype):
+                yield
+        else:
+            with super().optim_context(model), self._part_hooks(model).enable():
+                yield
 
 
 def _toolkit(task: str) -> str:
@@ -68,18 +331,18 @@ def configure_amp(cfg: Config, task: str, device: Optional[str] = None) -> None:
     - On a GPU: mmengine's ``AmpOptimWrapper`` with ``loss_scale='dynamic'``
       unless the config sets one (a config already on ``AmpOptimWrapper`` is
       kept as it is).
-    - On the CPU: ``CPUAutocastOptimWrapper`` with ``dtype='bfloat16'`` (unless
-      set) and no loss scale; detectors get ``parts=('backbone', 'neck')``
-      (unless the config names other parts), segmentors autocast their whole
-      training forward.  Warns (``RuntimeWarning``) on a CPU without bf16
-      units (:func:`cpu_has_fast_bf16`), where bf16 is slower than fp32.
+    - On the CPU: :class:`CPUAutocastOptimWrapper` with ``dtype='bfloat16'``
+      (unless set) and no loss scale; detectors get ``parts=('backbone',
+      'neck')`` (unless the config names other parts), segmentors autocast
+      their whole training forward.  Warns (``RuntimeWarning``) on a CPU
+      without bf16 units (:func:`cpu_has_fast_bf16`).
 
     Args:
         cfg: the full config; its ``optim_wrapper`` is changed.
         task: ``'mmdet'`` or ``'mmseg'`` (``task_of(cfg)``); ``'det'`` / ``'seg'`` too.
         device: ``'cuda'`` or ``'cpu'``; default: ``'cuda'`` when a GPU is visible.
     """
-    toolkit = _toolkit(task)
+    parts = amp_parts(task)
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     wrapper = cfg.optim_wrapper
@@ -99,11 +362,10 @@ def configure_amp(cfg: Config, task: str, device: Optional[str] = None) -> None:
     wrapper.pop('use_fsdp', None)
     if wrapper.get('dtype') is None:
         wrapper.dtype = 'bfloat16'
-    if toolkit == 'mmdet':
-        if not wrapper.get('parts'):
-            wrapper.parts = list(DETECTOR_PARTS)
-    else:
+    if parts is None:
         wrapper.setdefault('parts', None)
+    elif not wrapper.get('parts'):
+        wrapper.parts = list(parts)
     what = ' and '.join(wrapper.parts) if wrapper.get('parts') else 'the whole training forward'
     print_log(f'--amp: {wrapper.dtype} autocast on the CPU for {what} '
               f'(CPUAutocastOptimWrapper; weights, gradients and optimizer state stay fp32)',
@@ -115,23 +377,17 @@ def enable_inference_autocast(model: nn.Module, task: str,
                               dtype: Optional[torch.dtype] = None) -> AutocastHandle:
     """Make a built model predict in mixed precision (``tools/test.py --amp``, ``infer.py --amp``).
 
-    Installs :func:`~inline_mm.engine.autocast.autocast_parts` hooks: on the
-    backbone and the neck of a detector (their outputs back to fp32, so the
-    heads, RoIAlign and NMS run in fp32, which mmcv's CPU kernels need), on the
-    whole forward of a segmentor (its predictions cast to fp32).  The data
-    preprocessor stays fp32.  Call it after the model is built (after
-    ``Runner.from_cfg`` or ``init_detector`` / ``init_model``); loading a
-    checkpoint afterwards is fine.
+    Installs :func:`autocast_parts` hooks: on the backbone and the neck of a
+    detector (their outputs back to fp32, so the heads, RoIAlign and NMS run
+    in fp32, which mmcv's CPU kernels need), on the whole forward of a
+    segmentor (its predictions cast to fp32).  The data preprocessor stays
+    fp32.  Call it after the model is built (after ``Runner.from_cfg`` or
+    ``init_detector`` / ``init_model``); loading a checkpoint afterwards is fine.
 
-    Args:
-        model: the detector / segmentor, or a model wrapper around it.
-        task: ``'mmdet'`` or ``'mmseg'``.
-        dtype: default bf16 on the CPU, fp16 on a GPU.
-
-    Returns:
-        AutocastHandle: ``.remove()`` turns mixed precision off again.
+    ``task`` is ``'mmdet'`` or ``'mmseg'``; ``dtype`` defaults to bf16 on the
+    CPU, fp16 on a GPU.  The handle's ``.remove()`` turns mixed precision off.
     """
-    module = model.module if is_model_wrapper(model) else model
+    module = _unwrap(model)
     param = next(module.parameters(), None)
     on_gpu = param is not None and param.device.type == 'cuda'
     if dtype is None:

@@ -168,7 +168,7 @@ def precision(model: nn.Module, dtype: str, device: str) -> Iterator[None]:
         with autocast(dtype, device):
             yield
         return
-    from inline_mm.engine.autocast import autocast_parts
+    from inline_mm.engine.amp import autocast_parts
     with autocast_parts(model.model, parts, TORCH_DTYPES[dtype], enabled=False).enable():
         yield
 
