@@ -1,0 +1,610 @@
+"""What the model-zoo tools share: read a finished run, write metafile entries and README rows.
+
+* :func:`read_run`: from what mmengine's Runner wrote into a work dir (the config dump,
+  ``<timestamp>/vis_data/scalars.json`` or the JSON log, the checkpoints, the text log's
+  environment block) -> a :class:`Run`: the config, the checkpoint, the final metrics,
+  peak training memory, median iteration time, devices and schedule;
+* :func:`published_checkpoint`: the weights-only file mmdet's
+  ``tools/model_converters/publish_model.py`` writes (``meta`` and ``state_dict``
+  only), as bytes, with its ``<config>_<yyyymmdd>-<sha256[:8]>.pth`` name;
+* :func:`set_metafile_entry` / :func:`set_readme_row`: minimal textual edits (the
+  model's ``Results``, ``Weights`` and ``Metadata`` keys; one cell of one table row),
+  every other byte of the file kept.
+"""
+import datetime
+import glob
+import hashlib
+import io
+import json
+import os
+import os.path as osp
+import re
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+from inline_mm.errors import (CheckpointError, CheckpointMismatchError, ConfigError, DataError,
+                              MissingFileError)
+
+#: the repository root: its configs/ hold the configs, metafiles and READMEs of the zoo
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+#: config folders of the zoo and their toolkit
+TASK_DIRS = {'det': 'mmdet', 'seg': 'mmseg'}
+
+#: metric keys of the logs -> metafile metric names (mmdet's / mmseg's metafiles), x100
+DET_METRICS = {'bbox': ('Object Detection', 'box'), 'segm': ('Instance Segmentation', 'mask')}
+DET_SUFFIXES = (('', 'AP'), ('_50', 'AP50'), ('_75', 'AP75'), ('_s', 'APs'), ('_m', 'APm'),
+                ('_l', 'APl'))
+SEG_METRICS = ('mIoU', 'mAcc', 'aAcc')
+
+#: the marker line before the results table of a zoo README
+TABLE_MARKER = '<!-- model-zoo-table -->'
+
+
+@dataclass
+class Run:
+    """A finished training run of one of the zoo's configs, as its work dir records it."""
+    work_dir: str
+    name: str  # the config's name (file stem), the metafile entry's Name
+    config: str  # our config, relative to the zoo root (configs/det/...)
+    task: str  # 'mmdet' or 'mmseg'
+    cfg: Any  # mmengine Config of the dump
+    checkpoint_path: str
+    checkpoint: dict
+    iteration: int  # of the published checkpoint
+    schedule: Tuple[str, int]  # ('Epochs', 12) or ('Iterations', 80000)
+    metrics: Dict[str, float]  # the validation row of the checkpoint, as logged
+    ema: bool = False
+    memory_gb: Optional[float] = None
+    iter_time_s: Optional[float] = None
+    inference: Dict[str, Any] = field(default_factory=dict)
+    resources: Optional[str] = None
+    json_logs: List[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ the zoo's configs
+def zoo_configs(root: str) -> Dict[str, str]:
+    """Config name -> path relative to ``root`` of every config under configs/det, configs/seg."""
+    found = {}
+    for sub in TASK_DIRS:
+        for path in sorted(glob.glob(osp.join(root, 'configs', sub, '**', '*.py'),
+                                     recursive=True)):
+            if '__pycache__' not in path:
+                found.setdefault(osp.splitext(osp.basename(path))[0], osp.relpath(path, root))
+    return found
+
+
+def alias_target(path: str) -> Optional[str]:
+    """The config a short-name config stands for (its whole body is ``_base_ = './X.py'``)."""
+    import ast
+    with open(path) as f:
+        body = ast.parse(f.read()).body
+    if len(body) == 1 and isinstance(body[0], ast.Assign) and \
+            [getattr(t, 'id', None) for t in body[0].targets] == ['_base_'] and \
+            isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+        return osp.normpath(osp.join(osp.dirname(path), body[0].value.value))
+    return None
+
+
+# ------------------------------------------------------------------ reading a work dir
+def _read_pointer(work_dir: str) -> Optional[str]:
+    pointer = osp.join(work_dir, 'last_checkpoint')
+    if not osp.isfile(pointer):
+        return None
+    with open(pointer) as f:
+        path = f.read().strip()
+    if path and not osp.isfile(path):  # the work dir was moved: the pointer's file name
+        path = osp.join(work_dir, osp.basename(path))
+    return path or None
+
+
+def _ckpt_iteration(path: str) -> int:
+    match = re.search(r'(\d+)\.pth$', osp.basename(path))
+    return int(match.group(1)) if match else -1
+
+
+def _load(path: str) -> dict:
+    """A runner checkpoint, read with weights_only semantics (mmengine's types allowed)."""
+    from inline_mm.checkpoint import load_checkpoint_file
+    from inline_mm.engine.checkpoint_files import checkpoint_problem
+    problem = checkpoint_problem(path)
+    if problem:
+        raise CheckpointError(f'checkpoint {path} cannot be read ({problem}): publish another '
+                              f'checkpoint of the run (--checkpoint) or resume the run')
+    checkpoint = load_checkpoint_file(path)
+    if not isinstance(checkpoint.get('state_dict'), dict):
+        raise CheckpointError(f'{path} is not a runner checkpoint (no state_dict): pass the '
+                              f'work dir of a run of tools/train.py')
+    return checkpoint
+
+
+def _rows(path: str) -> List[dict]:
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut by a killed process
+                    continue
+    return rows
+
+
+def _log_files(work_dir: str) -> Tuple[List[str], List[str]]:
+    """(scalars.json or JSON logs, text logs) of every run in ``work_dir``, oldest first."""
+    stamps = sorted(d for d in os.listdir(work_dir)
+                    if re.fullmatch(r'\d{8}_\d{6}', d) and osp.isdir(osp.join(work_dir, d)))
+    scalars, texts = [], []
+    for stamp in stamps:
+        vis = osp.join(work_dir, stamp, 'vis_data')
+        for candidate in (osp.join(vis, 'scalars.json'), osp.join(vis, f'{stamp}.json'),
+                          osp.join(work_dir, stamp, f'{stamp}.json')):
+            if osp.isfile(candidate):
+                scalars.append(candidate)
+                break
+        text = osp.join(work_dir, stamp, f'{stamp}.log')
+        if osp.isfile(text):
+            texts.append(text)
+    return scalars, texts
+
+
+def _is_val_row(row: dict, task: str) -> bool:
+    if task == 'mmdet':
+        return any(k.startswith('coco/') for k in row)
+    return 'mIoU' in row
+
+
+def _is_train_row(row: dict) -> bool:
+    return 'lr' in row or 'loss' in row
+
+
+def metrics_at(rows: Sequence[dict], task: str, iteration: int) -> Optional[dict]:
+    """The validation row logged for the weights of ``iteration`` (global iterations).
+
+    Training rows carry the iterations done (``step``, as checkpoints' ``meta['iter']``);
+    validation rows carry none of their own (mmengine logs them at the epoch, 0 for
+    iteration-based loops): the row taken is the last one logged after the last
+    training row up to ``iteration`` and before the first training row past it.
+    """
+    last = None
+    trained_to = None
+    for row in rows:
+        if _is_train_row(row):
+            step = int(row.get('step', 0))
+            if step > iteration:
+                if trained_to is not None:
+                    break
+                continue
+            trained_to = step
+            last = None  # a validation before this training row is of older weights
+        elif _is_val_row(row, task) and trained_to is not None:
+            last = row
+    return last
+
+
+def _environment(text_log: str) -> Dict[str, str]:
+    """The 'System environment' / 'Runtime environment' entries mmengine logs at start."""
+    env = {}
+    with open(text_log, errors='replace') as f:
+        for i, line in enumerate(f):
+            if i > 400 or line.startswith('Config:') or ' - Config:' in line:
+                break
+            match = re.match(r'\s{4}([A-Za-z][\w ,.-]*?): (.*)$', line.rstrip('\n'))
+            if match:
+                env.setdefault(match.group(1), match.group(2).strip())
+    return env
+
+
+def _resources(env: Dict[str, str]) -> Optional[str]:
+    if 'GPU number' not in env:
+        return None
+    count = env['GPU number']
+    if env.get('CUDA available') == 'True':
+        names = [v for k, v in env.items() if re.fullmatch(r'GPU [\d,]+', k)]
+        return f"{count}x {names[0] if len(names) == 1 else 'GPUs'}"
+    return f'{count}x CPU'
+
+
+def _test_resolution(cfg: Any) -> Optional[Tuple[int, int]]:
+    """(height, width) of the test pipeline's Resize, as mmdet's metafiles write it."""
+    loader = cfg.get('test_dataloader') or cfg.get('val_dataloader') or {}
+    dataset = loader.get('dataset') or {}
+    for step in dataset.get('pipeline') or []:
+        scale = step.get('scale') if isinstance(step, dict) else None
+        if step.get('type') == 'Resize' and isinstance(scale, (list, tuple)) and \
+                len(scale) == 2:
+            return int(scale[1]), int(scale[0])
+    return None
+
+
+def _find_checkpoint(work_dir: str, which: str) -> str:
+    if which not in ('last', 'best'):
+        if not osp.isfile(which):
+            raise MissingFileError(f'checkpoint {which!r} not found')
+        return which
+    if which == 'best':
+        best = sorted(glob.glob(osp.join(work_dir, 'best_*.pth')), key=_ckpt_iteration)
+        if not best:
+            raise MissingFileError(
+                f'work dir {work_dir} has no best_*.pth checkpoint (the run had no '
+                f'default_hooks.checkpoint.save_best): publish the last one (--checkpoint last)')
+        return best[-1]
+    path = _read_pointer(work_dir)
+    if path is None:
+        found = sorted(glob.glob(osp.join(work_dir, 'iter_*.pth')) +
+                       glob.glob(osp.join(work_dir, 'epoch_*.pth')), key=_ckpt_iteration)
+        path = found[-1] if found else None
+    if path is None:
+        raise MissingFileError(
+            f'work dir {work_dir} has no checkpoint: the run did not finish (train it to the '
+            f'end with tools/train.py CONFIG --work-dir {work_dir} --resume)')
+    return path
+
+
+def read_run(work_dir: str, root: str = ROOT, which: str = 'last') -> Run:
+    """Read a finished run of one of the zoo's configs from its work dir.
+
+    Raises:
+        MissingFileError: no work dir, no config dump, no checkpoint, no log.
+        ConfigError: the work dir's config is not one of ``root``'s configs.
+        DataError: the run did not finish, or its log has no final metrics.
+        CheckpointError: the checkpoint cannot be read or is not a runner checkpoint.
+    """
+    from mmengine.config import Config
+    if not osp.isdir(work_dir):
+        raise MissingFileError(f'work dir {work_dir!r} not found')
+    dumps = sorted(f for f in os.listdir(work_dir) if f.endswith('.py'))
+    if not dumps:
+        raise MissingFileError(
+            f'work dir {work_dir} has no config dump (*.py): pass the --work-dir of a run '
+            f'of tools/train.py (mmengine writes the config there when the run starts)')
+    ours = zoo_configs(root)
+    names = [osp.splitext(d)[0] for d in dumps]
+    name = next((n for n in names if n in ours), None)
+    if name is None:
+        raise ConfigError(
+            f"work dir {work_dir} is a run of {', '.join(repr(n) for n in names)}, which is "
+            f"not a config of this model zoo (configs/det, configs/seg under {root}): "
+            f"publish runs of those configs, or add the config and its metafile entry first")
+    cfg = Config.fromfile(osp.join(work_dir, f'{name}.py'))
+    config = ours[name]
+    task = TASK_DIRS[config.split(os.sep)[1]]
+
+    train_cfg = cfg.get('train_cfg') or {}
+    by_epoch = 'max_epochs' in train_cfg
+    if not by_epoch and 'max_iters' not in train_cfg:
+        raise ConfigError(f'the config of {work_dir} has neither train_cfg.max_epochs nor '
+                          f'train_cfg.max_iters: not a training run')
+    schedule = ('Epochs', int(train_cfg['max_epochs'])) if by_epoch else \
+        ('Iterations', int(train_cfg['max_iters']))
+
+    # the run finished when its newest checkpoint is at the end of the schedule
+    last_path = _find_checkpoint(work_dir, 'last')
+    last = _load(last_path)
+    meta = last.get('meta') or {}
+    done = int(meta.get('epoch' if by_epoch else 'iter', -1))
+    if done != schedule[1]:
+        unit = 'epoch' if by_epoch else 'iteration'
+        raise DataError(
+            f'the run in {work_dir} did not finish: its last checkpoint '
+            f'{osp.basename(last_path)} is at {unit} {done} of {schedule[1]} '
+            f"(train_cfg.{'max_epochs' if by_epoch else 'max_iters'}): resume it with "
+            f"tools/train.py {config} --work-dir {work_dir} --resume")
+    path = _find_checkpoint(work_dir, which)
+    checkpoint = last if osp.abspath(path) == osp.abspath(last_path) else _load(path)
+    iteration = int((checkpoint.get('meta') or {}).get('iter', -1))
+
+    scalars, texts = _log_files(work_dir)
+    if not scalars:
+        raise MissingFileError(
+            f'work dir {work_dir} has no training log (<timestamp>/vis_data/scalars.json or '
+            f'the JSON log): publish from the work dir the run wrote its logs into')
+    rows = [row for path_ in scalars for row in _rows(path_)]
+    metrics = metrics_at(rows, task, iteration)
+    wanted = 'coco/bbox_mAP' if task == 'mmdet' else 'mIoU'
+    if metrics is None or wanted not in metrics:
+        raise DataError(
+            f'the log of {work_dir} has no {wanted} for the weights of iteration {iteration} '
+            f'({osp.basename(path)}): the run did not evaluate them (val_interval / val_begin); '
+            f'evaluate them with tools/test.py and train with a final validation')
+
+    train_rows = [r for r in rows if _is_train_row(r)]
+    memory = [float(r['memory']) for r in train_rows if 'memory' in r]
+    times = [float(r['time']) for r in train_rows if 'time' in r]
+    val_batch = int((cfg.get('val_dataloader') or {}).get('batch_size', 1))
+    inference = {}
+    if 'time' in metrics:
+        inference = dict(value=round(1000 * float(metrics['time']) / max(val_batch, 1), 1),
+                         batch_size=val_batch, resolution=_test_resolution(cfg))
+    env = _environment(texts[-1]) if texts else {}
+    if inference:
+        inference['hardware'] = 'CPU' if env.get('CUDA available') != 'True' else next(
+            (v for k, v in env.items() if re.fullmatch(r'GPU [\d,]+', k)), 'GPU')
+    return Run(work_dir=work_dir, name=name, config=config, task=task, cfg=cfg,
+               checkpoint_path=path, checkpoint=checkpoint, iteration=iteration,
+               schedule=schedule, metrics={k: float(v) for k, v in metrics.items()
+                                           if isinstance(v, (int, float))},
+               ema='ema_state_dict' in checkpoint,
+               memory_gb=round(max(memory) / 1024, 2) if memory else None,
+               iter_time_s=round(statistics.median(times), 3) if times else None,
+               inference=inference, resources=_resources(env), json_logs=scalars)
+
+
+def check_loads_into_model(run: Run) -> None:
+    """Refuse weights that do not load into the model of the run's config (strict)."""
+    from inline_mm.checkpoint import check_checkpoint_fits
+    from inline_mm.engine.runner_utils import build_model
+    model = build_model(run.cfg)
+    check_checkpoint_fits(model, run.checkpoint_path)
+    result = model.load_state_dict(run.checkpoint['state_dict'], strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        keys = result.missing_keys or result.unexpected_keys
+        raise CheckpointMismatchError(
+            f'checkpoint {run.checkpoint_path} does not load into the model of {run.config}: '
+            f'{len(result.missing_keys)} missing and {len(result.unexpected_keys)} unexpected '
+            f'tensor(s) (e.g. {keys[0]}): publish the checkpoint the run of this config saved')
+
+
+# ------------------------------------------------------------------ the published file
+#: meta entries kept in the published file (mmengine writes them; all plain values)
+META_KEYS = ('epoch', 'iter', 'cfg', 'seed', 'experiment_name', 'time', 'mmengine_version',
+             'dataset_meta')
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (str, int, float, bool, type(None))):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
+def published_checkpoint(run: Run, date: Optional[str] = None) -> Tuple[str, bytes]:
+    """(file name, bytes) of the weights-only checkpoint of ``run``.
+
+    ``state_dict`` is the run's weights: with mmengine's ``EMAHook`` the averaged ones
+    (the hook swaps them into ``state_dict`` when it saves; ``ema_state_dict`` then holds
+    the raw weights and is dropped with the optimiser, the schedulers and the message
+    hub); ``meta`` keeps :data:`META_KEYS`, plain values only, so the file loads with
+    ``torch.load(weights_only=True)`` and no allow-list.
+    """
+    import torch
+    meta = {k: v for k, v in (run.checkpoint.get('meta') or {}).items()
+            if k in META_KEYS and _plain(v)}
+    buffer = io.BytesIO()
+    torch.save({'meta': meta, 'state_dict': run.checkpoint['state_dict']}, buffer)
+    data = buffer.getvalue()
+    date = date or datetime.datetime.now().strftime('%Y%m%d')
+    return f'{run.name}_{date}-{hashlib.sha256(data).hexdigest()[:8]}.pth', data
+
+
+# ------------------------------------------------------------------ metafile entries
+def _scalar(value: Any) -> str:
+    """One YAML scalar: plain when it reads back as itself, else JSON-quoted."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if re.fullmatch(r'[A-Za-z0-9_./()\-][\w ./()@+,\-]*', text) and ': ' not in text \
+            and yaml.safe_load(text) == text:
+        return text
+    return json.dumps(text)
+
+
+def _yaml_lines(key: str, value: Any, indent: int) -> List[str]:
+    """``key: value`` as block YAML at ``indent``, lists indented two more (the zoo's style)."""
+    pad = ' ' * indent
+    if isinstance(value, dict):
+        lines = [f'{pad}{key}:']
+        for k, v in value.items():
+            lines += _yaml_lines(k, v, indent + 2)
+        return lines
+    if isinstance(value, list):
+        lines = [f'{pad}{key}:']
+        for item in value:
+            sub = []
+            for k, v in item.items():
+                sub += _yaml_lines(k, v, indent + 4)
+            sub[0] = f'{pad}  - ' + sub[0].lstrip()
+            lines += sub
+        return lines
+    return [f'{pad}{key}: {_scalar(value)}']
+
+
+def results_of(run: Run, dataset: str) -> List[dict]:
+    """The metafile ``Results`` of a run: mmdet's box / mask AP (x100, one decimal, with
+    AP50 / AP75 / APs / APm / APl; undefined ones, logged as -1, left out) or mmseg's
+    mIoU / mAcc / aAcc (two decimals)."""
+    results = []
+    if run.task == 'mmdet':
+        for kind, (task, prefix) in DET_METRICS.items():
+            metrics = {}
+            for suffix, label in DET_SUFFIXES:
+                value = run.metrics.get(f'coco/{kind}_mAP{suffix}')
+                if value is not None and value >= 0:
+                    metrics[f'{prefix} {label}'] = round(100 * value, 1)
+            if metrics:
+                results.append(dict(Task=task, Dataset=dataset, Metrics=metrics))
+    else:
+        metrics = {k: round(run.metrics[k], 2) for k in SEG_METRICS if k in run.metrics}
+        results.append(dict(Task='Semantic Segmentation', Dataset=dataset, Metrics=metrics))
+    return results
+
+
+def metadata_of(run: Run) -> Dict[str, Any]:
+    """The ``Metadata`` keys a run measures (the others of the entry stay as they are)."""
+    meta: Dict[str, Any] = {run.schedule[0]: run.schedule[1]}
+    if run.resources:
+        meta['Training Resources'] = run.resources
+    if run.memory_gb is not None:
+        meta['Training Memory (GB)'] = run.memory_gb
+    if run.iter_time_s is not None:
+        meta['Training Time (s/iter)'] = run.iter_time_s
+    if run.inference:
+        entry = dict(value=run.inference['value'], hardware=run.inference['hardware'],
+                     backend='PyTorch', **{'batch size': run.inference['batch_size']},
+                     mode='FP32')
+        if run.inference.get('resolution'):
+            entry['resolution'] = str(tuple(run.inference['resolution']))
+        meta['inference time (ms/im)'] = [entry]
+    if run.ema:
+        meta['Training Techniques'] = ['EMA']
+    return meta
+
+
+def _block_end(lines: List[str], start: int, indent: int) -> int:
+    """Index after the block that starts at ``lines[start]`` (deeper-indented lines)."""
+    end = start + 1
+    while end < len(lines):
+        text = lines[end]
+        if text.strip() and len(text) - len(text.lstrip()) <= indent:
+            break
+        end += 1
+    while end > start + 1 and not lines[end - 1].strip():  # trailing blank lines stay out
+        end -= 1
+    return end
+
+
+def _key_line(lines: List[str], start: int, end: int, key: str, indent: int) -> Optional[int]:
+    pattern = re.compile(rf'^ {{{indent}}}{re.escape(key)}:(\s|$)')
+    return next((i for i in range(start, end) if pattern.match(lines[i])), None)
+
+
+def find_entry(text: str, name: str) -> Optional[Tuple[int, int, int]]:
+    """(first line, end line, key indent) of the ``Models`` entry ``name``, or None."""
+    lines = text.split('\n')
+    for i, line in enumerate(lines):
+        match = re.match(r'^(\s*)- Name:\s*(.+?)\s*$', line)
+        if match and match.group(2).strip('\'"') == name:
+            dash = len(match.group(1))
+            if not any(ln.startswith('Models:') for ln in lines[:i]):
+                continue  # a collection of that name
+            return i, _block_end(lines, i, dash), dash + 2
+    return None
+
+
+def set_metafile_entry(text: str, name: str, results: List[dict], weights: str,
+                       metadata: Dict[str, Any]) -> str:
+    """``text`` with the entry ``name``'s Results, Weights and Metadata keys set.
+
+    Only the lines of those keys change (a key's line and its deeper-indented lines are
+    replaced, a missing key is added at the end of its block); every other byte stays.
+
+    Raises:
+        ConfigError: the metafile has no entry ``name``.
+    """
+    found = find_entry(text, name)
+    if found is None:
+        raise ConfigError(f'the metafile has no Models entry named {name!r}: add one')
+    start, end, ind = found
+    lines = text.split('\n')
+    entry = lines[start:end]
+    keys_ind = ind
+
+    def replace(block: List[str], key: str, new: List[str], at: int, indent: int) -> List[str]:
+        i = _key_line(block, at, len(block), key, indent)
+        if i is None:
+            return block + new
+        j = _block_end(block, i, indent)
+        return block[:i] + new + block[j:]
+
+    # Metadata keys, inside the Metadata block
+    m = _key_line(entry, 1, len(entry), 'Metadata', keys_ind)
+    if m is None:
+        entry = entry + _yaml_lines('Metadata', metadata, keys_ind)
+    else:
+        m_end = _block_end(entry, m, keys_ind)
+        block = entry[m + 1:m_end]
+        for key, value in metadata.items():
+            new = _yaml_lines(key, value, keys_ind + 2)
+            i = _key_line(block, 0, len(block), key, keys_ind + 2)
+            if i is None:
+                block = block + new
+            else:
+                block = block[:i] + new + block[_block_end(block, i, keys_ind + 2):]
+        entry = entry[:m + 1] + block + entry[m_end:]
+    entry = replace(entry, 'Results', _yaml_lines('Results', results, keys_ind), 1, keys_ind)
+    entry = replace(entry, 'Weights', _yaml_lines('Weights', weights, keys_ind), 1, keys_ind)
+    return '\n'.join(lines[:start] + entry + lines[end:])
+
+
+def check_metafile(old: str, new: str, name: str, results: List[dict], weights: str,
+                   metadata: Dict[str, Any]) -> None:
+    """Read ``new`` back: the entry holds what was written, every other entry is as in ``old``."""
+    before, after = yaml.safe_load(old), yaml.safe_load(new)
+    models_before = {m['Name']: m for m in before.get('Models') or []}
+    models_after = {m['Name']: m for m in after.get('Models') or []}
+    entry = models_after.get(name) or {}
+    assert entry.get('Results') == results and entry.get('Weights') == weights, \
+        f'metafile edit of {name} did not read back'
+    assert all(entry.get('Metadata', {}).get(k) == v for k, v in metadata.items()), \
+        f'metafile edit of {name} did not read back'
+    assert {k: v for k, v in models_after.items() if k != name} == \
+        {k: v for k, v in models_before.items() if k != name}, 'other entries changed'
+    assert after.get('Collections') == before.get('Collections'), 'collections changed'
+
+
+def entry_fields(text: str, name: str) -> dict:
+    """The parsed metafile entry ``name`` (and its collection's fields under '_collection')."""
+    data = yaml.safe_load(text) or {}
+    entry = next((m for m in data.get('Models') or [] if m.get('Name') == name), None)
+    if entry is None:
+        return {}
+    collection = next((c for c in data.get('Collections') or []
+                       if c.get('Name') == entry.get('In Collection')), {})
+    return dict(entry, _collection=collection)
+
+
+# ------------------------------------------------------------------ README tables
+_CELL_SPLIT = re.compile(r'(?<!\\)\|')
+
+
+def readme_cell(run: Run, link: str) -> str:
+    """The "ours" cell: box AP / mask AP, or mIoU / mAcc, with the model link."""
+    if run.task == 'mmdet':
+        values = [run.metrics.get(f'coco/{k}_mAP') for k in DET_METRICS]
+        text = ' / '.join(f'{100 * v:.1f}' for v in values if v is not None and v >= 0)
+    else:
+        text = ' / '.join(f'{run.metrics[k]:.2f}' for k in ('mIoU', 'mAcc') if k in run.metrics)
+    return f'{text} ([model]({link}))'
+
+
+def set_readme_row(text: str, config_link: str, cells: Dict[str, str], readme: str) -> str:
+    """``text`` with the cells named by their column header set in the row of ``config_link``.
+
+    The table is the first after the :data:`TABLE_MARKER` line; its row is the one whose
+    first cell links ``config_link``.  Only that row's line changes.
+
+    Raises:
+        ConfigError: no marker, no such column or no such row.
+    """
+    lines = text.split('\n')
+    if TABLE_MARKER not in lines:
+        raise ConfigError(f'{readme} has no results table marked {TABLE_MARKER}: add the '
+                          f'marker line before the table the results go into')
+    i = lines.index(TABLE_MARKER) + 1
+    while i < len(lines) and not lines[i].startswith('|'):
+        i += 1
+    header = [c.strip() for c in _CELL_SPLIT.split(lines[i])[1:-1]] if i < len(lines) else []
+    columns = {name: header.index(name) for name in cells if name in header}
+    missing = [name for name in cells if name not in columns]
+    if missing:
+        raise ConfigError(f"{readme}: the results table has no column {missing[0]!r}")
+    j = i + 2
+    while j < len(lines) and lines[j].startswith('|'):
+        parts = _CELL_SPLIT.split(lines[j])
+        if f']({config_link})' in parts[1]:
+            for name, index in columns.items():
+                parts[index + 1] = f' {cells[name]} '
+            lines[j] = '|'.join(parts)
+            return '\n'.join(lines)
+        j += 1
+    raise ConfigError(f'{readme}: the results table has no row for {config_link} '
+                      f'(a first cell linking it): add the row')
