@@ -1,200 +1,39 @@
-"""mmengine hooks for multi-process logging, exact resumption and fault tolerance.
+"""Checkpoints that are never torn, and ``--resume`` from the newest readable one.
 
-* :class:`MeanLossLoggerHook`: with several processes, mmengine logs the losses
-  of rank 0's part of the batch only.  This hook replaces the logged
-  ``*loss*`` values by their mean over all processes (what mmdet 2.x logged),
-  so a run on N processes logs the loss of the whole batch.
-* :class:`RNGStateHook`: stores every process's torch / numpy / python random
-  states in each checkpoint and restores them on resume right before the first
-  batch after the checkpoint is drawn, so a resumed run draws the same
-  augmentations and samples as an uninterrupted one.
-* :class:`AtomicCheckpointHook`: ``CheckpointHook`` whose files and
-  ``last_checkpoint`` pointer are written atomically, which deletes old
-  checkpoints only after the new one is in place, and which makes ``--resume``
-  take the newest *readable* checkpoint.
-* :class:`PreemptionHook`: SIGTERM / SIGUSR1 stop every process after the
-  current iteration, with a checkpoint, and exit status
-  :data:`~inline_mm.engine.signals.PREEMPTED_EXIT_CODE` (75).
-
-:class:`~inline_mm.engine.nonfinite.NonFiniteLossHook` (a NaN / Inf loss or
-gradient skips the optimizer step) lives in its own module; it carries the
-preemption flag of :class:`PreemptionHook` in its one per-step host sync.
+mmengine's ``CheckpointHook`` writes in place: a run killed mid-write leaves a
+torn file that ``last_checkpoint`` names, and with ``max_keep_ckpts`` the old
+checkpoint is deleted before the new one exists.  :class:`AtomicCheckpointHook`
+writes every file and the pointer atomically, deletes old checkpoints only
+after the new one is in place, stops with a one-line error when a write fails,
+and makes ``--resume`` take the newest *readable* checkpoint.
+:func:`save_checkpoint_now` writes the checkpoint of the current iteration
+through any ``CheckpointHook`` (what :class:`PreemptionHook` saves with).
 """
 import functools
 import os
 import os.path as osp
-import random
-from typing import Any, Callable, Dict, List, Optional
+from typing import List, Optional
 
-import numpy as np
 import torch
-from mmengine.dist import all_gather_object, all_reduce, broadcast_object_list, \
-    get_rank, get_world_size, is_main_process
-from mmengine.hooks import CheckpointHook, Hook
+from mmengine.dist import broadcast_object_list, get_world_size, is_main_process
+from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
-from .atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
-from .checkpoint_files import CheckpointWriteError, newest_readable_checkpoint
-from ..checkpoint import mmengine_checkpoint_globals
-from .loops import ResumableEpochBasedTrainLoop
-from .signals import PREEMPTED_EXIT_CODE, PreemptionFlag
-
+from ...checkpoint import mmengine_checkpoint_globals
+from ..atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
+from ..checkpoint_files import CheckpointWriteError, newest_readable_checkpoint
+from ..nonfinite import agree_on_flags
+from .rng_state import RNGStateHook
 
 #: file name start of the mid-epoch checkpoints written on preemption
 PREEMPT_PREFIX = 'preempt_iter_'
 
 
-def _agree(flag: bool) -> bool:
+def agree(flag: bool) -> bool:
     """True on every process when ``flag`` is True on any (one all-reduce)."""
     if get_world_size() == 1:
         return flag
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
-    all_reduce(value, op='max')  # mmengine.dist moves it to the backend's device
-    return bool(value.item())
-
-
-@HOOKS.register_module()
-class MeanLossLoggerHook(Hook):
-    """Average the logged losses of this iteration over all processes.
-
-    Runs before mmengine's ``RuntimeInfoHook`` and replaces the loss values of
-    the iteration's outputs by their mean, so the message hub (and every
-    logger reading it) gets the averages through its public API.
-    """
-
-    # before RuntimeInfoHook (VERY_HIGH) writes the outputs into the message hub
-    priority = 'HIGHEST'
-
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        if get_world_size() == 1 or not outputs:
-            return
-        keys = sorted(k for k in outputs if 'loss' in k)
-        if not keys:
-            return
-        # stacked and reduced on the device of the losses: no host read here (mmengine's
-        # RuntimeInfoHook reads the values it logs anyway)
-        device = next((outputs[k].device for k in keys if isinstance(outputs[k], torch.Tensor)),
-                      torch.device('cpu'))
-        values = torch.stack([torch.as_tensor(outputs[k], device=device).detach().to(
-            torch.float64).reshape(()) for k in keys])
-        all_reduce(values, op='mean')
-        for i, key in enumerate(keys):
-            outputs[key] = values[i]
-
-
-def _capture_rng() -> Dict[str, Any]:
-    """This process's random states, as tensors and numbers (``weights_only`` loadable)."""
-    py = random.getstate()
-    np_state = np.random.get_state()
-    state: Dict[str, Any] = dict(
-        torch=torch.get_rng_state(), python=list(py[1]), python_version=py[0],
-        python_gauss=py[2] or 0.0,
-        numpy_keys=torch.from_numpy(np_state[1].astype(np.int64)),
-        numpy_pos=int(np_state[2]), numpy_has_gauss=int(np_state[3]),
-        numpy_gauss=float(np_state[4]))
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state['cuda'] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _restore_rng(state: Dict[str, Any]) -> None:
-    torch.set_rng_state(state['torch'])
-    random.setstate((state['python_version'], tuple(state['python']),
-                     state['python_gauss'] or None))
-    np.random.set_state(('MT19937', state['numpy_keys'].numpy().astype(np.uint32),
-                         state['numpy_pos'], state['numpy_has_gauss'], state['numpy_gauss']))
-    if 'cuda' in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state['cuda'])
-
-
-class _RestoreBeforeFetch:
-    """Iterator proxy: restores random states right before the ``skip + 1``-th batch.
-
-    mmengine's ``IterBasedTrainLoop`` replays the ``skip`` batches trained
-    before the checkpoint (which draws random augmentations in the main
-    process when ``num_workers=0``) and then fetches the first new batch
-    before any hook runs; the states must be back in place exactly between
-    the two.
-    """
-
-    def __init__(self, iterator: Any, skip: int, restore: Callable[[], None]) -> None:
-        self._iterator = iterator
-        self._skip = skip
-        self._restore: Optional[Callable[[], None]] = restore
-        self._count = 0
-
-    def __iter__(self) -> '_RestoreBeforeFetch':
-        return self
-
-    def __next__(self) -> Any:
-        if self._count == self._skip and self._restore is not None:
-            self._restore()
-            self._restore = None
-        self._count += 1
-        return next(self._iterator)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith('_'):
-            raise AttributeError(name)
-        return getattr(self._iterator, name)
-
-
-@HOOKS.register_module()
-class RNGStateHook(Hook):
-    """Save every process's random states in checkpoints and restore them on resume.
-
-    With :class:`AtomicCheckpointHook`, the states of all processes are
-    gathered before each save (rank ``r`` resumes with its own); with plain
-    ``CheckpointHook`` only rank 0's are saved.  On resume the states are
-    restored right before the first new batch is drawn (after mmengine's
-    replay of the batches already trained), so random augmentation in the
-    main process (``num_workers=0``) matches an uninterrupted run; data-loader
-    workers are seeded from the run's seed and replay the same batches, so
-    their augmentations match as well.
-    """
-
-    priority = 'VERY_HIGH'
-
-    def __init__(self) -> None:
-        self._pending: Optional[Dict[str, Any]] = None
-        self._gathered: Optional[List[Dict[str, Any]]] = None
-
-    def gather(self) -> None:
-        """Collect the states of every process; call on all processes before a save."""
-        state = _capture_rng()
-        self._gathered = all_gather_object(state) if get_world_size() > 1 else [state]
-
-    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        states, self._gathered = self._gathered, None
-        checkpoint['rng_states'] = states if states is not None else [_capture_rng()]
-
-    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        states = checkpoint.get('rng_states')
-        if states is None and 'rng_state' in checkpoint:  # written by an older version
-            states = [checkpoint['rng_state']]
-        if not states:
-            return
-        rank = get_rank()
-        if len(states) != get_world_size():
-            runner.logger.warning(
-                f'the checkpoint holds the random states of {len(states)} process(es), this '
-                f'run has {get_world_size()}: every process restores rank 0\'s states, so '
-                f'random draws will not repeat those of the interrupted run exactly')
-            rank = 0
-        self._pending = states[rank]
-
-    def before_train(self, runner) -> None:
-        state, self._pending = self._pending, None
-        if state is None:
-            return
-        loop = runner.train_loop
-        if hasattr(loop, 'dataloader_iterator'):  # IterBasedTrainLoop
-            loop.dataloader_iterator = _RestoreBeforeFetch(
-                loop.dataloader_iterator, loop.iter, lambda: _restore_rng(state))
-        elif isinstance(loop, ResumableEpochBasedTrainLoop):  # after its replay
-            loop.before_first_new_batch = lambda: _restore_rng(state)
-        else:  # mmengine's epoch-based loop restarts its epoch: restore now
-            _restore_rng(state)
+    return agree_on_flags(torch.tensor([1 if flag else 0], dtype=torch.int32))[0]
 
 
 def _scope_checkpoint_globals(runner) -> None:
@@ -398,7 +237,7 @@ def _write_checkpoint(hook: CheckpointHook, runner, filename: str, meta: dict,
             atomic_write(path, osp.join(runner.work_dir, 'last_checkpoint'))
         except OSError as err:
             error = err
-    if _agree(error is not None):
+    if agree(error is not None):
         previous = _previous_checkpoints(runner, path)
         where = path  # the checkpoint the user looks for, not the temp file
         reason = getattr(error, 'strerror', None) or str(error) if error else \
@@ -434,73 +273,3 @@ def _previous_checkpoints(runner, failed: str) -> List[str]:
     if named and named != failed and osp.isfile(named):
         return [named]
     return []
-
-
-def _checkpoint_hook(runner) -> Optional[CheckpointHook]:
-    for hook in runner.hooks:
-        if isinstance(hook, CheckpointHook):
-            return hook
-    return None
-
-
-@HOOKS.register_module()
-class PreemptionHook(Hook):
-    """Stop cleanly on SIGTERM / SIGUSR1: checkpoint, then exit with status 75.
-
-    The signal handlers only set a flag.  After each training iteration the
-    flag is agreed on by all processes (one all-reduce of an int), so a signal
-    received by any process stops every process after the same iteration;
-    then a checkpoint of that iteration is written (rank 0, atomically, through
-    :class:`AtomicCheckpointHook`) and every process raises
-    ``SystemExit(PREEMPTED_EXIT_CODE)``, which works under any training tool.
-    Slurm's ``--signal=USR1@120`` leaves two minutes for this.
-
-    Args:
-        signals: signal names to handle. Defaults to SIGTERM and SIGUSR1.
-        check_interval: agree on the flag every this many iterations.
-            Defaults to 1.
-    """
-
-    # after CheckpointHook (VERY_LOW), so a regular save of the same iteration comes first
-    priority = 'LOWEST'
-
-    def __init__(self, signals=('SIGTERM', 'SIGUSR1'), check_interval: int = 1) -> None:
-        self.flag = PreemptionFlag(signals)
-        self.check_interval = check_interval
-        self._agreed: tuple = (None, False)  # (iteration, verdict) from NonFiniteLossHook
-
-    def agreed_at(self, iteration: int, stop: bool) -> None:
-        """Take the verdict of the processes' agreement made during ``iteration``'s step.
-
-        :class:`~inline_mm.engine.nonfinite.NonFiniteLossHook` all-reduces this
-        hook's flag with its own in the step's one host sync; this iteration then
-        needs no agreement of its own.
-        """
-        self._agreed = (iteration, stop)
-
-    def before_run(self, runner) -> None:
-        if not self.flag.install():
-            runner.logger.warning('PreemptionHook: not in the main thread, signals are not '
-                                  'handled')
-
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        agreed_iter, agreed = self._agreed
-        if agreed_iter == runner.iter:  # agreed on during this iteration's optimizer step
-            if not agreed:
-                return
-        elif (runner.iter + 1) % self.check_interval and self.flag.received is None:
-            return
-        elif not _agree(self.flag.received is not None):
-            return
-        hook = _checkpoint_hook(runner)
-        path = save_checkpoint_now(hook, runner) if hook is not None else None
-        why = f'received {self.flag.name}' if self.flag.received else \
-            'another process received a stop signal'
-        runner.logger.warning(
-            f'preempted ({why}) after iteration {runner.iter + 1}: checkpoint {path} written; '
-            f'exiting with status {PREEMPTED_EXIT_CODE} (restart with --resume to continue)')
-        self.flag.uninstall()
-        raise SystemExit(PREEMPTED_EXIT_CODE)
-
-    def after_run(self, runner) -> None:
-        self.flag.uninstall()
