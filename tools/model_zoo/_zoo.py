@@ -96,9 +96,9 @@ def _read_pointer(work_dir: str) -> Optional[str]:
         return None
     with open(pointer) as f:
         path = f.read().strip()
-    if path and not osp.isfile(path):  # the work dir was moved: the pointer's file name
-        path = osp.join(work_dir, osp.basename(path))
-    return path or None
+    # the pointer holds the path the run saw: a copied or moved work dir has its own file
+    own = osp.join(work_dir, osp.basename(path))
+    return (own if osp.isfile(own) else path) or None
 
 
 def _ckpt_iteration(path: str) -> int:
@@ -168,10 +168,13 @@ def metrics_at(rows: Sequence[dict], task: str, iteration: int) -> Optional[dict
     Training rows carry the iterations done (``step``, as checkpoints' ``meta['iter']``);
     validation rows carry none of their own (mmengine logs them at the epoch, 0 for
     iteration-based loops): the row taken is the last one logged after the last
-    training row up to ``iteration`` and before the first training row past it.
+    training row up to ``iteration`` and before the first training row past it.  A log
+    without training rows (a run shorter than the logger's interval) gives its last
+    validation row: the evaluation after training, when the run validated at its end.
     """
     last = None
-    trained_to = None
+    # without training rows every validation row is a candidate, the last one wins
+    trained_to = None if any(_is_train_row(row) for row in rows) else 0
     for row in rows:
         if _is_train_row(row):
             step = int(row.get('step', 0))
@@ -409,6 +412,9 @@ def _yaml_lines(key: str, value: Any, indent: int) -> List[str]:
     if isinstance(value, list):
         lines = [f'{pad}{key}:']
         for item in value:
+            if not isinstance(item, dict):
+                lines.append(f'{pad}  - {_scalar(item)}')
+                continue
             sub = []
             for k, v in item.items():
                 sub += _yaml_lines(k, v, indent + 4)

@@ -1,0 +1,533 @@
+#!/usr/bin/env python
+"""Write the ``projects/InLine/`` folder of an upstream pull request to mmdet or mmseg.
+
+    python tools/model_zoo/export_project.py --toolkit mmdet OUT_DIR   # OUT_DIR/InLine
+    python tools/model_zoo/export_project.py --toolkit mmseg ~/mmsegmentation/projects
+
+The folder follows the toolkits' ``projects/example_project`` layout:
+
+* ``inline/``: the backbone code (inline_mm's ``models``, ``checkpoint``, ``registry``
+  and ``errors`` modules, relative imports unchanged), registering into that toolkit
+  only; none of inline-mm's training extensions (``inline_mm.engine``), toy datasets
+  or version checks: the folder runs without inline-mm installed;
+* ``configs/``: the toolkit's configs of this zoo (mmdet: configs/det with the toy
+  Mask R-CNN in ``configs/toy/``; mmseg: configs/seg), their ``custom_imports`` naming
+  ``projects.InLine.inline``, their bases the toolkit's own files
+  (``'../../../configs/...'``), inline-mm's fault-tolerance hooks, loop and dataset
+  wrapper replaced by mmengine's / the toolkit's own (``CheckpointHook``,
+  ``EpochBasedTrainLoop``, the dataset itself);
+* ``metafile.yml`` (the zoo's entries, paths in the project) and ``README.md`` in the
+  toolkit's project template (description, usage, results, citation, checklist).
+
+In the toolkit's root: ``python tools/train.py projects/InLine/configs/CONFIG.py``.
+"""
+import argparse
+import ast
+import os
+import os.path as osp
+import re
+import shutil
+import sys
+from typing import Dict, List, Optional, Tuple
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+import _zoo  # noqa: E402
+
+from inline_mm.engine.launch import cli_main  # noqa: E402
+from inline_mm.errors import ConfigError  # noqa: E402
+
+#: the project's folder and module, as the configs import it
+PROJECT = 'InLine'
+MODULE = 'inline'
+IMPORT = f'projects.{PROJECT}.{MODULE}'
+
+#: where the backbone code starts: the project holds what this imports, nothing else
+ENTRY = 'models/__init__.py'
+#: inline_mm's parts that must not come along (training extensions, toy data, version checks)
+LEFT_OUT = ('engine', 'datasets', 'stack.py', 'deploy')
+
+#: inline-mm's engine types in configs -> what the toolkits have instead (None: dropped)
+ENGINE_TYPES: Dict[str, Optional[str]] = {
+    'AtomicCheckpointHook': 'CheckpointHook',
+    'ResumableEpochBasedTrainLoop': 'EpochBasedTrainLoop',
+    'SkipBadSamples': None,  # the wrapped dataset (its dataset_type) in its place
+    'MeanLossLoggerHook': None, 'RNGStateHook': None, 'PreemptionHook': None,
+    'NonFiniteLossHook': None,
+}
+#: the arguments of SkipBadSamples that are not the wrapped dataset's
+WRAPPER_ARGS = ('dataset_type', 'max_bad_fraction', 'max_bad')
+
+TOOLKITS = {
+    'mmdet': dict(configs=('configs/det', 'configs/det/toy'), name='MMDetection',
+                  repo='open-mmlab/mmdetection'),
+    'mmseg': dict(configs=('configs/seg',), name='MMSegmentation',
+                  repo='open-mmlab/mmsegmentation'),
+}
+
+CITATION = """@inproceedings{han2024bridging,
+  title     = {Bridging the Divide: Reconsidering Softmax and Linear Attention},
+  author    = {Han, Dongchen and Pu, Yifan and Xia, Zhuofan and Han, Yizeng and Pan, Xuran and
+               Li, Xiu and Lu, Jiwen and Song, Shiji and Huang, Gao},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year      = {2024}
+}"""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('out_dir', metavar='OUT_DIR',
+                        help=f'the toolkit\'s projects/ folder (or any folder): {PROJECT}/ '
+                        'is written into it')
+    parser.add_argument('--toolkit', choices=sorted(TOOLKITS), required=True)
+    parser.add_argument('--overwrite', action='store_true',
+                        help=f'replace an existing OUT_DIR/{PROJECT}')
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------ code
+def _rewrite_code(text: str, toolkit: str, name: str) -> str:
+    """A module of inline_mm as the project's: docstring names, one toolkit's registry."""
+    text = re.sub(r'\binline_mm\b(?!_)', IMPORT, text)
+    if name == 'registry.py':
+        old = "TOOLKITS: Tuple[str, ...] = ('mmdet', 'mmseg')"
+        if old not in text:
+            raise RuntimeError(f'inline_mm/registry.py no longer has {old!r}: update '
+                               f'tools/model_zoo/export_project.py')
+        text = text.replace(old, f"TOOLKITS: Tuple[str, ...] = ('{toolkit}',)")
+    return text
+
+
+PACKAGE_INIT = '''"""InLine (injective linear attention) backbones, from inline-mm.
+
+Importing this module registers InLinePVT, InLineSwin, InLineCSWin and InLineDeiT in
+{toolkit}'s model registry (configs: ``custom_imports = dict(imports=['{module}'])``).
+"""
+from .checkpoint import load_pretrained
+from .models import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
+
+__all__ = ['InLinePVT', 'InLineSwin', 'InLineCSWin', 'InLineDeiT', 'load_pretrained']
+'''
+
+
+def _module_file(source: str, parts: List[str]) -> Optional[str]:
+    """inline_mm/<parts>.py or inline_mm/<parts>/__init__.py, relative to ``source``."""
+    base = osp.join(*parts) if parts else ''
+    for rel in (base + '.py', osp.join(base, '__init__.py')):
+        if rel != '.py' and osp.isfile(osp.join(source, rel)):
+            return osp.normpath(rel)
+    return None
+
+
+def code_files(source: str) -> List[str]:
+    """The files of ``source`` (inline_mm/) the backbones import, from :data:`ENTRY` on.
+
+    Follows every relative and ``inline_mm.`` import (function-level ones too), so the
+    project holds exactly the modules the models need, whatever files they live in.
+    """
+    todo, found = [ENTRY], set()
+    while todo:
+        rel = todo.pop()
+        if rel in found:
+            continue
+        found.add(rel)
+        package = osp.dirname(rel).split(os.sep) if osp.dirname(rel) else []
+        with open(osp.join(source, rel)) as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.level:
+                up = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+                mod = up + (node.module.split('.') if node.module else [])
+                targets += [mod] + [mod + [a.name] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith('inline_mm'):
+                mod = node.module.split('.')[1:]
+                targets += [mod] + [mod + [a.name] for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets += [a.name.split('.')[1:] for a in node.names
+                            if a.name.startswith('inline_mm.')]
+            for parts in targets:
+                # a package's own __init__ on the way, then the module itself
+                for depth in range(1, len(parts) + 1):
+                    init = _module_file(source, parts[:depth])
+                    if init and (depth == len(parts) or init.endswith('__init__.py')):
+                        todo.append(init)
+    files = sorted(found)
+    bad = [f for f in files if f.split(os.sep)[0] in LEFT_OUT]
+    if bad:
+        raise RuntimeError(f'the backbone code imports {bad}, which the project leaves out: '
+                           f'update tools/model_zoo/export_project.py')
+    return files
+
+
+def write_code(out: str, toolkit: str) -> List[str]:
+    """Copy the backbone code into ``out/inline``; returns the files written."""
+    source = osp.join(_zoo.ROOT, 'inline_mm')
+    written = []
+    for rel in code_files(source):
+        with open(osp.join(source, rel)) as f:
+            text = _rewrite_code(f.read(), toolkit, osp.basename(rel))
+        target = osp.join(out, MODULE, rel)
+        os.makedirs(osp.dirname(target), exist_ok=True)
+        with open(target, 'w') as f:
+            f.write(text)
+        written.append(target)
+    with open(osp.join(out, MODULE, '__init__.py'), 'w') as f:
+        f.write(PACKAGE_INIT.format(toolkit=toolkit, module=IMPORT))
+    return written + [osp.join(out, MODULE, '__init__.py')]
+
+
+# ------------------------------------------------------------------ configs
+class _Edits:
+    """Byte-range edits of a source text, applied back to front."""
+
+    def __init__(self, text: str):
+        self.data = text.encode('utf-8')
+        self.starts = [0]
+        for line in self.data.split(b'\n'):
+            self.starts.append(self.starts[-1] + len(line) + 1)
+        self.edits: List[Tuple[int, int, str]] = []
+
+    def offset(self, line: int, col: int) -> int:
+        return self.starts[line - 1] + col
+
+    def span(self, node: ast.AST) -> Tuple[int, int]:
+        return (self.offset(node.lineno, node.col_offset),
+                self.offset(node.end_lineno, node.end_col_offset))
+
+    def replace(self, start: int, end: int, text: str) -> None:
+        self.edits.append((start, end, text))
+
+    def drop_statement(self, node: ast.stmt) -> None:
+        """Remove a statement's lines and the comment lines right above it."""
+        first = node.lineno
+        lines = self.data.split(b'\n')
+        while first > 1 and lines[first - 2].lstrip().startswith(b'#'):
+            first -= 1
+        self.replace(self.starts[first - 1], self.starts[node.end_lineno], '')
+
+    def result(self) -> str:
+        data = self.data
+        for start, end, text in sorted(self.edits, reverse=True):
+            data = data[:start] + text.encode('utf-8') + data[end:]
+        return data.decode('utf-8')
+
+
+def _type_of(call: ast.AST) -> Optional[str]:
+    if isinstance(call, ast.Call) and getattr(call.func, 'id', None) == 'dict':
+        for kw in call.keywords:
+            if kw.arg == 'type' and isinstance(kw.value, ast.Constant):
+                return kw.value.value
+    return None
+
+
+def _vacuous(node: ast.AST) -> bool:
+    """A ``dict(...)`` that only names inline-mm engine types (nothing left once replaced)."""
+    if not (isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'dict'):
+        return False
+    engine = _type_of(node) in ENGINE_TYPES
+    for kw in node.keywords:
+        if kw.arg == 'type' and engine:
+            continue
+        if kw.arg in WRAPPER_ARGS and _type_of(node) == 'SkipBadSamples':
+            continue
+        if not _vacuous(kw.value):
+            return False
+    return bool(node.keywords)
+
+
+def _edit_calls(node: ast.AST, edits: _Edits) -> None:
+    """Replace the engine types of every ``dict(type=...)`` under ``node``."""
+    for call in ast.walk(node):
+        kind = _type_of(call)
+        if kind not in ENGINE_TYPES:
+            continue
+        type_kw = next(kw for kw in call.keywords if kw.arg == 'type')
+        if kind == 'SkipBadSamples':
+            inner = next((kw for kw in call.keywords if kw.arg == 'dataset_type'), None)
+            if inner is None:
+                raise ConfigError('a SkipBadSamples without dataset_type cannot be exported')
+            edits.replace(*edits.span(type_kw.value), ast.unparse(inner.value))
+            keywords = call.keywords
+            for i, kw in enumerate(keywords):
+                if kw.arg in WRAPPER_ARGS:
+                    start = edits.offset(kw.lineno, kw.col_offset)
+                    nxt = keywords[i + 1] if i + 1 < len(keywords) else None
+                    end = edits.offset(nxt.lineno, nxt.col_offset) if nxt else \
+                        edits.offset(kw.end_lineno, kw.end_col_offset)
+                    edits.replace(start, end, '')
+        elif ENGINE_TYPES[kind] is not None:
+            edits.replace(*edits.span(type_kw.value), repr(ENGINE_TYPES[kind]))
+
+
+def _base_path(value: str, depth: int) -> Optional[str]:
+    """A base of ours as the project's: the toolkit's own file, relative; ours dropped."""
+    if 'inline_mm_runtime' in value:
+        return None
+    if '::' in value:
+        return '../' * depth + 'configs/' + value.split('::', 1)[1]
+    return value
+
+
+def export_config(text: str, depth: int) -> str:
+    """One of our config files as the project's (see the module docstring).
+
+    ``depth``: folders between the toolkit's root and the exported file (3 for
+    ``projects/InLine/configs/x.py``).
+    """
+    tree = ast.parse(text)
+    edits = _Edits(text)
+    for node in tree.body:
+        names = [getattr(t, 'id', None) for t in getattr(node, 'targets', [])]
+        if names == ['_base_']:
+            values = node.value.elts if isinstance(node.value, ast.List) else [node.value]
+            bases = [b for b in (_base_path(v.value, depth) for v in values) if b]
+            new = repr(bases) if isinstance(node.value, ast.List) else repr(bases[0])
+            edits.replace(*edits.span(node.value), new)
+        elif names == ['custom_imports']:
+            edits.replace(*edits.span(node),
+                          f"custom_imports = dict(imports=['{IMPORT}'], "
+                          f'allow_failed_imports=False)')
+        elif names == ['custom_hooks'] and isinstance(node.value, ast.List):
+            kept = [e for e in node.value.elts if _type_of(e) not in ENGINE_TYPES]
+            if not kept:
+                edits.drop_statement(node)
+            elif len(kept) < len(node.value.elts):
+                edits.replace(*edits.span(node.value),
+                              '[' + ', '.join(ast.unparse(e) for e in kept) + ']')
+        elif isinstance(node, ast.Assign) and _vacuous(node.value):
+            edits.drop_statement(node)
+        else:
+            _edit_calls(node, edits)
+    out = edits.result()
+    for folder in ('configs/det', 'configs/seg'):  # our READMEs -> the project's
+        out = out.replace(f'{folder}/README.md', f'projects/{PROJECT}/README.md')
+    # comments that describe inline-mm's training extensions go with them
+    words = ('inline_mm', 'docs/', *ENGINE_TYPES)
+    out = '\n'.join(line for line in out.split('\n')
+                    if not (line.lstrip().startswith('#') and any(w in line for w in words)))
+    compile(out, '<exported config>', 'exec')
+    left = [w for w in ('inline_mm', *ENGINE_TYPES) if w in out]
+    if left:
+        raise RuntimeError(f'the exported config still names {left}: update export_project.py')
+    return out
+
+
+def write_configs(out: str, toolkit: str) -> List[str]:
+    written = []
+    for folder in TOOLKITS[toolkit]['configs']:
+        sub = osp.relpath(folder, TOOLKITS[toolkit]['configs'][0])
+        for path in sorted(os.listdir(osp.join(_zoo.ROOT, folder))):
+            if not path.endswith('.py'):
+                continue
+            rel = osp.normpath(osp.join('configs', sub, path))
+            depth = 2 + rel.count('/')  # projects/InLine/ + the folders of rel
+            with open(osp.join(_zoo.ROOT, folder, path)) as f:
+                text = export_config(f.read(), depth)
+            target = osp.join(out, rel)
+            os.makedirs(osp.dirname(target), exist_ok=True)
+            with open(target, 'w') as f:
+                f.write(text)
+            written.append(target)
+    return written
+
+
+# ------------------------------------------------------------------ metafile, README
+def write_metafile(out: str, toolkit: str) -> Tuple[str, dict]:
+    folder = TOOLKITS[toolkit]['configs'][0]
+    with open(osp.join(_zoo.ROOT, folder, 'metafile.yml')) as f:
+        text = f.read()
+    import yaml
+    # the toy runs are inline-mm's demos, not models of the project
+    for model in yaml.safe_load(text).get('Models') or []:
+        if '/toy/' in model.get('Config', ''):
+            start, end, _ = _zoo.find_entry(text, model['Name'])
+            lines = text.split('\n')
+            text = '\n'.join(lines[:start] + lines[end:])
+    text = text.replace(f'{folder}/README.md', f'projects/{PROJECT}/README.md')
+    text = text.replace(f'Config: {folder}/', f'Config: projects/{PROJECT}/configs/')
+    path = osp.join(out, 'metafile.yml')
+    with open(path, 'w') as f:
+        f.write(text)
+    return path, yaml.safe_load(text)
+
+
+def _metric(entry: dict, name: str) -> str:
+    for result in entry.get('Results') or []:
+        value = (result.get('Metrics') or {}).get(name)
+        if value is not None:
+            return str(value)
+    return '-'
+
+
+def _download(entry: dict) -> str:
+    weights = entry.get('Weights')
+    return f'[model]({weights})' if weights else '-'
+
+
+def readme_text(toolkit: str, meta: dict) -> str:
+    info = TOOLKITS[toolkit]
+    models = meta.get('Models') or []
+    first = osp.basename(models[0]['Config']) if models else 'CONFIG.py'
+    if toolkit == 'mmdet':
+        header = ('| Method | Backbone | Pretrained Model | Training set | Test set | #epoch | '
+                  'box AP | mask AP | Download |\n'
+                  '| :----: | :------: | :--------------: | :----------: | :------: | :----: | '
+                  ':----: | :-----: | :------: |')
+        rows = [f"| [Mask R-CNN]({osp.relpath(m['Config'], f'projects/{PROJECT}')}) | "
+                f"{m['Metadata'].get('Backbone', '-')} | ImageNet-1K (authors') | COCO2017 Train "
+                f"| COCO2017 Val | {m['Metadata'].get('Epochs', '-')} | "
+                f"{_metric(m, 'box AP')} | {_metric(m, 'mask AP')} | {_download(m)} |"
+                for m in models]
+    else:
+        header = ('| Method | Backbone | Crop Size | Lr schd | Mem (GB) | mIoU | mAcc | config '
+                  '| download |\n'
+                  '| ------ | -------- | --------- | ------: | -------- | ---: | ---: | ------ '
+                  '| -------- |')
+        rows = [f"| {m['Metadata'].get('Head', '-')} | {m['Metadata'].get('Backbone', '-')} | "
+                f"{m['Metadata'].get('Crop Size', '-')} | {m['Metadata'].get('Iterations', '-')} "
+                f"| {m['Metadata'].get('Training Memory (GB)', '-')} | {_metric(m, 'mIoU')} | "
+                f"{_metric(m, 'mAcc')} | [config]("
+                f"{osp.relpath(m['Config'], f'projects/{PROJECT}')}) | {_download(m)} |"
+                for m in models]
+    trained = any(m.get('Results') for m in models)
+    dataset = 'COCO' if toolkit == 'mmdet' else 'ADE20K'
+    status = ('Results of this project\'s own training runs (box / mask AP on COCO val2017 '
+              'or mIoU on ADE20K val, single scale).' if trained else
+              'No full schedule has been trained with these configs yet: the results columns '
+              'stay empty until one is measured; the backbones start from the authors\' '
+              'ImageNet-1K weights, converted on load.')
+    return f"""# InLine: Injective Linear Attention Backbones
+
+## Description
+
+Author: the inline-mm contributors.
+
+This project brings the InLine (injective linear attention) vision backbones of
+[Bridging the Divide: Reconsidering Softmax and Linear Attention](https://arxiv.org/abs/2412.06590)
+(NeurIPS 2024) to {info['name']}: `InLinePVT`, `InLineSwin`, `InLineCSWin` and `InLineDeiT`,
+registered in `{toolkit}.registry.MODELS` when `{IMPORT}` is imported. The authors
+released ImageNet-1K classification code and weights only; the configs put their backbones
+into {info['name']}'s own recipes (their bases are the toolkit's configs), and the backbones
+load the authors' checkpoints as released through `init_cfg` (read with `weights_only`
+semantics; position tables resized to the input). Any input size works (odd and
+non-square included): InLine attention costs linear time in the number of pixels.
+
+## Usage
+
+### Prerequisites
+
+- Python 3.10 or higher, PyTorch 2.1 or higher, timm 1.0 or higher
+- {info['name']} ({toolkit} {'3.x' if toolkit == 'mmdet' else '1.x'}), mmengine 0.10.3 or higher
+
+Download the authors' ImageNet-1K checkpoints from
+[LeapLabTHU/InLine](https://github.com/LeapLabTHU/InLine#pretrained-models) into
+`checkpoints/` of {info['name']}'s root (`inline_pvt_t.pth`, `inline_swin_t.pth`, ...).
+
+All the commands below run in {info['name']}'s root directory, with the root on `PYTHONPATH`
+so that Python finds `projects.{PROJECT}`:
+
+```shell
+export PYTHONPATH=`pwd`:$PYTHONPATH
+```
+
+### Training commands
+
+```shell
+python tools/train.py projects/{PROJECT}/configs/{first}
+```
+
+For multi-gpu training, run:
+
+```shell
+bash tools/dist_train.sh projects/{PROJECT}/configs/{first} ${{NUM_GPUS}}
+```
+
+### Testing commands
+
+```shell
+python tools/test.py projects/{PROJECT}/configs/{first} ${{CHECKPOINT_PATH}}
+```
+
+## Results
+
+{status}
+
+{header}
+{chr(10).join(rows)}
+
+## Citation
+
+```bibtex
+{CITATION}
+```
+
+## Checklist
+
+- [ ] Milestone 1: PR-ready, and acceptable to be one of the `projects/`.
+
+  - [x] Finish the code
+
+    <!-- Each backbone is registered into `{toolkit}.registry.MODELS` and configured
+    through a config file. -->
+
+  - [x] Basic docstrings & proper citation
+
+  - [ ] Test-time correctness
+
+    <!-- The backbones equal the authors' models (every variant within 7e-6 at 224x224,
+    inline-mm's tools/verify_against_reference.py); no {dataset} result of the paper has
+    been reproduced yet. -->
+
+  - [x] A full README
+
+- [ ] Milestone 2: Indicates a successful model implementation.
+
+  - [ ] Training-time correctness
+
+- [ ] Milestone 3: Good to be a part of our core package!
+
+  - [x] Type hints and docstrings
+
+  - [ ] Unit tests
+
+    <!-- The tests live in inline-mm (pytest suite); none are in this folder yet. -->
+
+  - [ ] Code polishing
+
+  - [x] Metafile.yml
+
+- [ ] Move your modules into the core package following the codebase's file hierarchy structure.
+
+- [ ] Refactor your modules into the core package following the codebase's file hierarchy structure.
+"""
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    out = osp.join(args.out_dir, PROJECT)
+    if osp.exists(out) and not args.overwrite:
+        raise ConfigError(f'{out} exists: pass --overwrite to replace it, or another OUT_DIR')
+    # written beside the target and moved into place: a failed export leaves no half folder
+    tmp = osp.join(args.out_dir, f'.{PROJECT}.export.tmp')
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        code = write_code(tmp, args.toolkit)
+        configs = write_configs(tmp, args.toolkit)
+        _, meta = write_metafile(tmp, args.toolkit)
+        with open(osp.join(tmp, 'README.md'), 'w') as f:
+            f.write(readme_text(args.toolkit, meta))
+        if osp.exists(out):
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f'wrote {out}: {len(code)} code files ({IMPORT}), {len(configs)} configs, '
+          f'metafile.yml, README.md\nin the toolkit\'s root: python tools/train.py '
+          f'projects/{PROJECT}/configs/{osp.basename(configs[0])}')
+
+
+if __name__ == '__main__':
+    sys.exit(cli_main(main))
