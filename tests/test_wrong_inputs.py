@@ -318,7 +318,7 @@ def test_runner_checkpoints_read_without_named_safe_globals(tmp_path, monkeypatc
     import numpy as np
     from mmengine.logging import HistoryBuffer
 
-    import inline_mm.checkpoint as ckpt
+    import inline_mm.checkpoint.safe_load as ckpt
     monkeypatch.setattr(ckpt, '_TORCH_NAMED_SAFE_GLOBALS', False)
     path = tmp_path / 'runner.pth'
     torch.save({'state_dict': {'w': torch.ones(2)},
