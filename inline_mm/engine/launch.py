@@ -100,26 +100,29 @@ class _RenamedSizeAction(argparse.Action):
         parser.error(f'{option_string} is now {self.replacement}: {SIZE_CONVENTION}')
 
 
-def _refuse_two_token_sizes(parser: argparse.ArgumentParser) -> None:
+def _refuse_two_token_sizes(parser: argparse.ArgumentParser, flags: Sequence[str]) -> None:
     """Make ``parser`` refuse ``--size W H`` (two numbers where one size is expected).
 
     argparse would take the second number for a positional argument or report it
     as unrecognised, neither of which names the convention.  A bare number after
-    the size is never a config, checkpoint or image path of these tools.
+    the size is never a config, checkpoint or image path of these tools.  The
+    check wraps the parser's public ``parse_known_args`` (which ``parse_args``
+    calls) once; the wrapper keeps the set of one-size flags.
     """
-    if getattr(parser, '_refuses_two_token_sizes', False):
+    size_flags = getattr(parser.parse_known_args, 'inline_mm_size_flags', None)
+    if size_flags is not None:  # wrapped already: one more flag to check
+        size_flags.update(flags)
         return
+    size_flags = set(flags)
     parse_known_args = parser.parse_known_args
 
     def checked(args=None, namespace=None):
         tokens = list(sys.argv[1:] if args is None else args)
-        flags = {f for a in parser._actions if isinstance(a, _OneSizeAction)
-                 for f in a.option_strings}
         for i, token in enumerate(tokens):
             if token == '--':
                 break
             flag, eq, value = token.partition('=')
-            if flag not in flags:
+            if flag not in size_flags:
                 continue
             if not eq:
                 value = tokens[i + 1] if i + 1 < len(tokens) else ''
@@ -129,8 +132,8 @@ def _refuse_two_token_sizes(parser: argparse.ArgumentParser) -> None:
                              f'{after[0]!r}: {SIZE_CONVENTION}')
         return parse_known_args(args, namespace)
 
-    parser.parse_known_args = checked
-    parser._refuses_two_token_sizes = True
+    checked.inline_mm_size_flags = size_flags  # type: ignore[attr-defined]
+    parser.parse_known_args = checked  # type: ignore[method-assign]
 
 
 def add_size_option(parser: argparse.ArgumentParser, *flags: str, default: Any = None,
@@ -156,7 +159,7 @@ def add_size_option(parser: argparse.ArgumentParser, *flags: str, default: Any =
         action = parser.add_argument(*flags, type=parse_size, default=default,
                                      action=_OneSizeAction, metavar=metavar, help=text,
                                      **kwargs)
-        _refuse_two_token_sizes(parser)
+        _refuse_two_token_sizes(parser, action.option_strings)
     for old in replaces:
         parser.add_argument(old, action=_RenamedSizeAction, dest=argparse.SUPPRESS,
                             replacement=f'{flags[0]} {metavar}' + (' ...' if many else ''))
@@ -194,9 +197,10 @@ def check_cfg_options(cfg: Config, options: dict) -> None:
     (``train_dataloader.dataset.metainfo.classes=...``).
     """
     _check_schedule_options(cfg, options)
+    tree = cfg.to_dict()  # plain dicts and lists (the public view of the config)
     for key in options:
         parts = key.split('.')
-        node: Any = cfg._cfg_dict
+        node: Any = tree
         for depth, part in enumerate(parts):
             try:
                 node = _lookup(node, part)
