@@ -1,6 +1,12 @@
-"""Helpers shared by the command-line tools (train / test / infer / benchmarks).
+"""A config's model for the tools, the same calls for mmdet and mmseg.
 
-The dataset checks are in :mod:`inline_mm.engine.data_checks`.
+The toolkits build, run and draw their models through separate APIs, and their
+forward needs data samples.  Shared by train / test / infer, the benchmarks,
+the FLOP counter and the exporters: :func:`build_model` (in its toolkit's
+scope, random backbone weights unless asked), :class:`TensorModeForward`
+(backbone, neck and heads on a bare image batch, data samples made for its
+size), :func:`dataset_metainfo` and :func:`draw_predictions`.  The dataset
+checks are in :mod:`inline_mm.engine.data_checks`.
 """
 import importlib
 import os
@@ -58,9 +64,9 @@ def dummy_data_samples(task: str, height: int, width: int, batch: int = 1) -> li
 class TensorModeForward(torch.nn.Module):
     """``forward(inputs)`` = a detector's / segmentor's tensor-mode forward.
 
-    Backbone, neck and heads on a batch of images, as ``model._forward``
-    runs them (no pre- / post-processing); data samples for the input size
-    are made on the fly.  What FLOP counters, benchmarks and exporters run.
+    Backbone, neck and heads on a batch of images, as ``model(inputs, samples,
+    mode='tensor')`` runs them (no pre- / post-processing); data samples for
+    the input size are made on the fly.  What FLOP counters, benchmarks and exporters run.
     """
 
     def __init__(self, model: torch.nn.Module, task: str) -> None:
@@ -76,7 +82,7 @@ class TensorModeForward(torch.nn.Module):
             # counter) cannot copy traced size tensors
             batch, height, width = int(batch), int(height), int(width)
         samples = dummy_data_samples(self.task, height, width, batch)
-        return self.model._forward(inputs, samples)
+        return self.model(inputs, samples, mode='tensor')
 
 
 def draw_predictions(model, cfg: Config, images: Iterable[str], out_dir: str,
