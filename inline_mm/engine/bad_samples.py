@@ -153,6 +153,9 @@ class SkipBadSamples:
         # that made it exits (__del__ alone is not called for objects alive at exit);
         # not in the forked data-loader workers, which share the file
         weakref.finalize(self, _remove_record, self._record, os.getpid())
+        # a subset (mmengine's ``indices``) lists some of a folder's images on purpose
+        self._subset = dataset.get('indices') is not None if isinstance(dataset, dict) else \
+            getattr(dataset, '_indices', None) is not None  # a built one: no public getter
         if isinstance(dataset, dict):
             dataset = DATASETS.build(dict(dataset, lazy_init=True)
                                      if _is_base_dataset(dataset) else dataset)
@@ -181,8 +184,9 @@ class SkipBadSamples:
         """Parse the annotations (checking each sample's) and apply the limit."""
         if self._fully_initialized:
             return
-        if self.check_annotations and hasattr(self.dataset, 'parse_data_info') and \
-                not getattr(self.dataset, '_fully_initialized', True):
+        # a dataset built before the wrapper parsed its annotations already: full_init()
+        # returns at once and nothing is checked (the wrapper builds its own lazily)
+        if self.check_annotations and hasattr(self.dataset, 'parse_data_info'):
             found: List[Tuple[dict, str]] = []
             parse = self.dataset.parse_data_info
 
@@ -226,7 +230,7 @@ class SkipBadSamples:
         ann_file = getattr(ds, 'ann_file', '')
         if not (img_dir and seg_dir and isinstance(img_suffix, str) and
                 isinstance(seg_suffix, str)) or (ann_file and not osp.isdir(ann_file)) or \
-                getattr(ds, '_indices', None) is not None or '://' in seg_dir or \
+                self._subset or '://' in seg_dir or \
                 not osp.isdir(seg_dir):
             return []
         from mmengine.fileio import list_dir_or_file
