@@ -105,7 +105,7 @@ def test_segmentor_whole_parity_and_label_map(tmp_path):
 
 def test_parity_measure_fails_on_nan_and_shape():
     """A NaN in the onnxruntime output or a wrong shape is never within tolerance."""
-    from inline_mm.deploy.onnx_export import compare_outputs
+    from inline_mm.deploy import compare_outputs
     ref = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
     assert compare_outputs([ref], [ref + 1e-3]) == pytest.approx(1e-3 / 2, rel=1e-3)
     bad = ref.copy()
@@ -165,7 +165,7 @@ def test_upernet_whole_parity(name, tmp_path):
 def test_detector_backbone_neck_fallback(tmp_path):
     """Mask R-CNN (toy config): backbone + neck in onnxruntime, heads in PyTorch."""
     from inline_mm.deploy.detector import predict_with_features
-    from inline_mm.deploy.onnx_export import example_input, run_onnxruntime
+    from inline_mm.deploy import example_input, run_onnxruntime
     torch.manual_seed(0)
     model, _, task = build_model(osp.join(ROOT, 'configs/det/toy/mask_rcnn_inline_pvt_toy.py'))
     module = wrap_part(model, 'backbone_neck', task)

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .onnx_export import run_onnxruntime
+from .onnx_check import run_onnxruntime
+from .pipeline import preprocess_image
 
 
 def predict_with_features(model: nn.Module, feats: List[np.ndarray | torch.Tensor],
@@ -41,17 +42,8 @@ def predict_image(model: nn.Module, session, image: str | np.ndarray,
                   threads: Optional[int] = None) -> object:
     """Detect on one image: mmdet's test pipeline and data preprocessor, the ONNX
     backbone + neck ``session``, then the PyTorch heads.  Returns a ``DetDataSample``."""
-    from mmcv.transforms import Compose
     from mmdet.utils import get_test_pipeline_cfg
-    cfg = model.cfg.copy()
-    pipeline_cfg = get_test_pipeline_cfg(cfg)
-    if isinstance(image, np.ndarray):
-        pipeline_cfg[0].type = 'mmdet.LoadImageFromNDArray'
-        data = dict(img=image, img_id=0)
-    else:
-        data = dict(img_path=image, img_id=0)
-    data = Compose(pipeline_cfg)(data)
-    data = model.data_preprocessor(dict(inputs=[data['inputs']],
-                                        data_samples=[data['data_samples']]), False)
+    data = preprocess_image(model, image, get_test_pipeline_cfg(model.cfg.copy()), 'mmdet',
+                            img_id=0)
     feats = run_onnxruntime(session, data['inputs'], threads)
     return predict_with_features(model, feats, data['data_samples'])[0]

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .onnx_export import run_onnxruntime
+from .onnx_check import run_onnxruntime
+from .pipeline import preprocess_image
 
 
 def predict_images(model: nn.Module, session, images: Sequence[str | np.ndarray],
@@ -23,12 +24,11 @@ def predict_images(model: nn.Module, session, images: Sequence[str | np.ndarray]
     ``model`` (built from the same config, weights unused) supplies the
     pipeline, the data preprocessor and the post-processing.
     """
-    from mmseg.apis.inference import _preprare_data  # mmseg's inference_model helper
+    # mmseg's inference_model drops the annotation loader of the test pipeline
+    pipeline_cfg = [t for t in model.cfg.test_pipeline if t.get('type') != 'LoadAnnotations']
     results = []
     for image in images:
-        data, _ = _preprare_data(image, model)
-        with torch.no_grad():
-            data = model.data_preprocessor(data, False)
+        data = preprocess_image(model, image, pipeline_cfg, 'mmseg')
         logits = run_onnxruntime(session, data['inputs'], threads)[0]
         with torch.no_grad():
             results += model.postprocess_result(torch.from_numpy(logits), data['data_samples'])

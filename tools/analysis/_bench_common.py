@@ -448,7 +448,7 @@ def time_onnxruntime_rows(models: Dict[str, nn.Module], size, batch, warmup, rep
     Returns ``{spec: dict(part=..., times=[...], export_s=...)}``, or
     ``dict(part=..., error=...)`` for a model that does not export.
     """
-    from inline_mm.deploy.onnx_export import export_onnx, time_onnxruntime
+    from inline_mm.deploy import export_onnx, time_onnxruntime
     results = {}
     for spec, model in models.items():
         module, part = onnx_part(spec, model)

@@ -28,9 +28,8 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 from inline_mm.engine.launch import (add_cfg_options, add_size_option, cli_main,  # noqa: E402
                                      format_size)
-from inline_mm.deploy.onnx_export import (PARTS, TOLERANCE, build_model,  # noqa: E402
-                                          export_onnx, require_onnx, verify_onnx,
-                                          wrap_part)
+from inline_mm.deploy import (PARTS, TOLERANCE, build_model, export_onnx,  # noqa: E402
+                              require_onnx, verify_onnx, wrap_part)
 
 
 def parse_args(argv=None):

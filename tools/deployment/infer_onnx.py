@@ -23,8 +23,8 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 from inline_mm.engine.launch import add_cfg_options, cli_main  # noqa: E402
-from inline_mm.deploy.onnx_export import (DeployError, build_model,  # noqa: E402
-                                          check_onnx_fits, onnx_session, require_onnx)
+from inline_mm.deploy import (DeployError, build_model, check_onnx_fits,  # noqa: E402
+                              onnx_session, require_onnx)
 
 
 def parse_args(argv=None):
