@@ -1,4 +1,9 @@
-"""Training-side extensions for mmengine's Runner.
+"""What mmengine's Runner lacks for these models: CPU mixed precision, fault tolerance.
+
+bf16 autocast without a GPU (whole model or parts), atomic checkpoints, exact
+mid-epoch resume, preemption, non-finite step skipping, bad-sample skipping,
+losses averaged over processes, and the tools' one path to a Runner with its
+checks of the config and the data.
 
 Importing this package registers the plugin's hooks, optimiser wrappers,
 model wrappers, metrics and visualisation hooks into mmengine's (and the
