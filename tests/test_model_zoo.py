@@ -49,7 +49,10 @@ def _toolkit_dir(toolkit):
 def run_dir(tmp_path_factory, toy_root):
     """A finished run of the toy detector (ITERS iterations, a final validation)."""
     work = str(tmp_path_factory.mktemp('zoo') / 'run')
+    # val_interval = the schedule: mmengine 0.10.3 validates at its multiples only (0.10.7
+    # also after the last iteration)
     opts = toy_det_options(toy_root, **{'train_cfg.max_iters': ITERS,
+                                        'train_cfg.val_interval': ITERS,
                                         'default_hooks.checkpoint.interval': ITERS})
     proc = _run([TRAIN_TOOL, TOY_DET_CONFIG, '--work-dir', work, *opts])
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -108,10 +111,8 @@ def test_publish_writes_checkpoint_entry_and_row(run_dir, published):
     ckpt = torch.load(str(published), map_location='cpu', weights_only=True)
     assert set(ckpt) == {'meta', 'state_dict'}
     assert ckpt['meta']['iter'] == ITERS and ckpt['meta']['dataset_meta']['classes']
-    from inline_mm.checkpoint import mmengine_checkpoint_globals
-    with mmengine_checkpoint_globals():
-        original = torch.load(os.path.join(run_dir, f'iter_{ITERS}.pth'), map_location='cpu',
-                              weights_only=True)
+    from inline_mm.checkpoint import load_checkpoint_file  # any torch: runner checkpoints
+    original = load_checkpoint_file(os.path.join(run_dir, f'iter_{ITERS}.pth'))
     assert set(ckpt['state_dict']) == set(original['state_dict'])
     assert all(torch.equal(ckpt['state_dict'][k], v) for k, v in original['state_dict'].items())
 
@@ -171,7 +172,11 @@ def test_published_checkpoint_reproduces_the_logged_metrics_in_mmdet_test_tool(
     published = str(published['path'])
     test_tool = os.path.join(_toolkit_dir('mmdet'), 'tools', 'test.py')
     opts = toy_det_options(toy_root)
-    proc = _run([test_tool, TOY_DET_CONFIG, published, '--work-dir', str(tmp_path / 't'), *opts])
+    # the config's custom_imports name inline_mm: importable where the package is not installed
+    env = dict(tool_env(), PYTHONPATH=os.pathsep.join(
+        p for p in (REPO_ROOT, os.environ.get('PYTHONPATH')) if p))
+    proc = _run([test_tool, TOY_DET_CONFIG, published, '--work-dir', str(tmp_path / 't'), *opts],
+                env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     logged = _final_metrics(run_dir)
     for kind in ('bbox', 'segm'):
@@ -186,13 +191,12 @@ def test_publish_takes_the_ema_weights(run_dir, zoo_root, tmp_path):
     from mmengine.hooks import EMAHook
     from mmengine.model import ExponentialMovingAverage
 
-    from inline_mm.checkpoint import mmengine_checkpoint_globals
+    from inline_mm.checkpoint import load_checkpoint_file
     from inline_mm.engine.runner_utils import build_model
     work = tmp_path / 'ema_run'
     shutil.copytree(run_dir, work)
     path = work / f'iter_{ITERS}.pth'
-    with mmengine_checkpoint_globals():
-        ckpt = torch.load(str(path), map_location='cpu', weights_only=True)
+    ckpt = load_checkpoint_file(str(path))
     model = build_model(Config.fromfile(str(work / f'{TOY}.py')))
     model.load_state_dict(ckpt['state_dict'])
     ema = ExponentialMovingAverage(model, momentum=0.5)
@@ -220,7 +224,7 @@ def test_publish_takes_the_ema_weights(run_dir, zoo_root, tmp_path):
 
 
 def test_bad_runs_stop_with_one_line_each_and_change_nothing(run_dir, zoo_root, tmp_path):
-    from inline_mm.checkpoint import mmengine_checkpoint_globals
+    from inline_mm.checkpoint import load_checkpoint_file
     bad = {}
 
     def copy(name):
@@ -241,9 +245,7 @@ def test_bad_runs_stop_with_one_line_each_and_change_nothing(run_dir, zoo_root, 
     log.write_text(''.join(line for line in log.read_text().splitlines(True)
                            if 'coco/' not in line))
     conflict = copy('shape_conflict')
-    with mmengine_checkpoint_globals():
-        ckpt = torch.load(str(conflict / f'iter_{ITERS}.pth'), map_location='cpu',
-                          weights_only=True)
+    ckpt = load_checkpoint_file(str(conflict / f'iter_{ITERS}.pth'))
     ckpt['state_dict']['roi_head.bbox_head.fc_cls.weight'] = torch.zeros(7, 256)
     torch.save(ckpt, str(conflict / f'iter_{ITERS}.pth'))
 
