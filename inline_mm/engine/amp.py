@@ -287,9 +287,7 @@ class CPUAutocastOptimWrapper(OptimWrapper):
                       'AMX), so the forward runs in fp32 (only_with_bf16_units=True)',
                       logger='current')
         self.cast_dtype = to_dtype(dtype)
-        if isinstance(parts, str):
-            parts = (parts, )
-        self.parts = tuple(parts) if parts else None
+        self.parts = ((parts, ) if isinstance(parts, str) else tuple(parts)) if parts else None
         self._handle: Optional[AutocastHandle] = None
 
     def _part_hooks(self, model: nn.Module) -> AutocastHandle:
