@@ -113,3 +113,39 @@ def test_runner_loads_after_the_before_run_hooks():
         source = inspect.getsource(getattr(Runner, action))
         assert "call_hook('before_run')" in source and 'self.load_or_resume()' in source, action
         assert source.index("call_hook('before_run')") < source.index('self.load_or_resume()')
+
+
+def test_config_to_dict_is_plain_nested_dicts_and_lists():
+    """launch.py walks ``cfg.to_dict()`` for the ``--cfg-options`` key check."""
+    from mmengine.config import Config, ConfigDict
+    cfg = Config(dict(model=dict(backbone=dict(type='X', out=[1, 2])),
+                      pipeline=[dict(type='A'), dict(type='B', keys=('img',))]))
+    tree = cfg.to_dict()
+
+    def walk(node):
+        assert not isinstance(node, (Config, ConfigDict)), type(node)
+        if isinstance(node, dict):
+            assert type(node) is dict
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(tree)
+    assert tree['model']['backbone'] == {'type': 'X', 'out': [1, 2]}
+    assert [p['type'] for p in tree['pipeline']] == ['A', 'B']
+
+
+def test_base_dataset_keeps_its_indices_in_underscore_indices(tmp_path):
+    """bad_samples.py reads ``_indices`` of a dataset built before the wrapper (mmengine
+    has no public getter); from a config it reads ``indices``."""
+    import json
+    from mmengine.dataset import BaseDataset
+    ann = tmp_path / 'ann.json'
+    ann.write_text(json.dumps(dict(metainfo={}, data_list=[dict(img_path=f'{i}.jpg')
+                                                            for i in range(5)])))
+    dataset = BaseDataset(ann_file=str(ann), indices=[0, 2], lazy_init=True)
+    assert dataset._indices == [0, 2]
+    dataset.full_init()
+    assert len(dataset) == 2
