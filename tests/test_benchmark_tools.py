@@ -270,3 +270,26 @@ def test_startup_benchmark_resize_scale_is_width_height():
     assert 'train_dataloader.dataset.pipeline.2.scale=(96,64)' in options
     cfg = Config.fromfile(benchmark_startup.DEFAULT_CONFIG)
     assert cfg.train_dataloader.dataset.pipeline[2].type == 'Resize'  # what pipeline.2 is
+
+
+@pytest.mark.slow  # dynamo traces InLine-PVT-T once (symbolic sizes serve both)
+@pytest.mark.skipif(
+    tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2]) < (2, 2),
+    reason=f'torch {torch.__version__}: dynamo of torch 2.1 specialises on input sizes')
+def test_benchmark_compiled_rows_beside_eager(tmp_path, capsys):
+    torch._dynamo.reset()
+    results = benchmark.main(['--models', 'inline_pvt_t', '--sizes', '96x64', '64', '--compile',
+                    '--compile-backend', 'eager', '--no-memory', '--no-flops', '--warmup', '1',
+                    '--repeats', '2', '--out', str(tmp_path)])
+    out = capsys.readouterr().out
+    torch._dynamo.reset()
+    rows = {(r['runtime'], r['width'], r['height']): r for r in results['rows']}
+    assert set(rows) == {(rt, w, h) for rt in ('torch', 'compiled') for w, h in
+                         ((96, 64), (64, 64))}
+    assert all(rows[('compiled', w, h)]['compile_s'] > 0 for w, h in ((96, 64), (64, 64)))
+    ratios = [r for r in results['runtime_ratios'] if r['runtime'] == 'compiled']
+    assert len(ratios) == 2
+    eager, compiled = rows[('torch', 96, 64)], rows[('compiled', 96, 64)]
+    want = compiled['latency_ms']['median'] / eager['latency_ms']['median']
+    assert next(r for r in ratios if r['size'] == '96x64')['latency'] == pytest.approx(want)
+    assert out.count('compiled/eager') == 2 and results['compile_backend'] == 'eager'

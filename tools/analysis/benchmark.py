@@ -35,6 +35,11 @@ multiply-add = 2 FLOPs here) over the median latency, and its share of the
 machine's matmul peak for that dtype, measured in the same run (best of a few
 ``--peak-size`` square matmuls).
 
+``--compile`` adds, for every row, a row of the same model through
+``torch.compile(dynamic=True)`` (inductor; runtime ``compiled``): one
+compilation serves every size, and the row's ``compile_s`` is the first pass
+at that size, compilation included; the table gives compiled / eager per row.
+
 ``--onnxruntime`` adds, for every fp32 row, an onnxruntime (CPU) row of the
 same model and size: the model is exported once per size with a fixed input
 shape (the softmax counterparts do not all export with dynamic sizes; a fixed
@@ -72,16 +77,27 @@ COUNTERPARTS = {'pvt': ('inline_pvt_t', 'mmdet_pvt_t'), 'swin': ('inline_swin_t'
                 'deit': ('inline_deit_t', 'timm_deit_t'), 'cswin': ('inline_cswin_t', None)}
 
 
+#: suffix of the spec of a model's ``torch.compile`` twin (``--compile``)
+COMPILED = '+compiled'
+
+
 def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup, repeats,
-                progress: Callable[[str], None]) -> Dict[str, List[float]]:
+                progress: Callable[[str], None]
+                ) -> Tuple[Dict[str, List[float]], Dict[str, float]]:
+    """Per model the timed passes (interleaved) and the first warm-up pass, in seconds
+    (a compiled model's compilation for this size and dtype happens there)."""
     x = torch.randn(batch, 3, *size, device=device)
     times = {name: [] for name in models}
+    first = {}
     with torch.inference_mode():
         for name, model in models.items():
             with precision(model, dtype, device):
-                for _ in range(warmup):
+                for i in range(max(warmup, 1)):
+                    t0 = time.perf_counter()
                     model(x)
-            sync(device)
+                    sync(device)
+                    if i == 0:
+                        first[name] = time.perf_counter() - t0
         for r in range(repeats):  # interleaved: one pass of every model per round
             for name, model in models.items():
                 with precision(model, dtype, device):
@@ -91,7 +107,7 @@ def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup
                     sync(device)
                 times[name].append(time.perf_counter() - t0)
             progress(f'  {format_size(size)} b{batch} {dtype}: round {r + 1}/{repeats}')
-    return times
+    return times, first
 
 
 def plot(results: dict, path: str) -> None:
@@ -147,6 +163,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='skip the FLOP counts (no GFLOP/s columns); the CPU record '
                         'still measures its fp32 / bf16 matmul peaks')
     add_peak_args(parser)
+    parser.add_argument('--compile', action='store_true',
+                        help='also time every model through torch.compile(dynamic=True)')
+    parser.add_argument('--compile-backend', default='inductor',
+                        help="torch.compile's backend for --compile (default: inductor)")
     parser.add_argument('--onnxruntime', action='store_true',
                         help='add onnxruntime (CPU, fp32) rows: each model exported at each '
                         'size (needs the deploy extra: onnx, onnxruntime)')
@@ -205,6 +225,10 @@ def build_models(args) -> Dict[str, nn.Module]:
     for spec in args.specs:
         models[spec] = load(spec, args.cfg_options).to(args.device)
         models[spec].eval()  # not chained: mmdet's SwinTransformer.train() returns None
+    if args.compile:  # inductor; graph breaks allowed: the softmax counterparts have some
+        for spec in list(models):
+            models[spec + COMPILED] = torch.compile(models[spec], dynamic=True,
+                                                    backend=args.compile_backend)
     return models
 
 
@@ -229,14 +253,18 @@ def measure(args, models: Dict[str, nn.Module], peaks: Dict[str, float]
             for size in args.sizes:
                 base = dict(height=size[0], width=size[1], pixels=size[0] * size[1],
                             batch=batch, dtype=dtype)
-                times = time_models(models, size, batch, dtype, args.device, args.warmup,
-                                    args.repeats, _progress)
-                for spec, ts in times.items():
+                times, first = time_models(models, size, batch, dtype, args.device,
+                                           args.warmup, args.repeats, _progress)
+                for name, ts in times.items():
+                    spec = name[:-len(COMPILED)] if name.endswith(COMPILED) else name
                     row = dict(model=spec, **base, params=num_params(models[spec]),
                                latency_ms=latency_ms(ts))
                     row['throughput_img_s'] = batch / (row['latency_ms']['median'] / 1e3)
                     if not args.no_flops:
                         _add_gflops(row, count_macs(spec, models[spec], size), peaks[dtype])
+                    if name != spec:  # the compiled twin: its memory is not measured
+                        rows.append(dict(row, runtime='compiled', compile_s=first[name]))
+                        continue
                     if not args.no_memory and (memory_sizes is None or size in memory_sizes):
                         _progress(f'  peak memory of {spec} at {format_size(size)}')
                         row['peak_mem_mb'] = peak_memory_mb(
@@ -270,6 +298,8 @@ def _twin(rows: List[dict], row: dict, **change) -> Optional[dict]:
 
 def _series(r: dict) -> tuple:
     where = ' onnxruntime' if r['runtime'] == 'onnxruntime' else ''
+    if r['runtime'] == 'compiled':
+        where = ' compiled'
     return r['model'], r['batch'], r['dtype'] + where
 
 
@@ -306,13 +336,14 @@ def summarise(rows: List[dict], compare: List[str]) -> dict:
         if base is not None:  # reduced precision against fp32, same model, size and batch
             out['dtype_ratios'].append(dict(model=r['model'], size=size, batch=r['batch'],
                                             dtype=r['dtype'], latency=latency(r, base)))
-        # onnxruntime against PyTorch eager (fp32); not for a detector's backbone + neck,
-        # whose PyTorch row is the whole detector
-        base = _twin(rows, r, runtime='torch') if r['runtime'] == 'onnxruntime' and \
-            r['part'] != 'backbone_neck' else None
+        # onnxruntime and compiled rows against PyTorch eager (same dtype); not for a
+        # detector's backbone + neck in onnxruntime, whose PyTorch row is the whole detector
+        base = _twin(rows, r, runtime='torch') if r['runtime'] != 'torch' and \
+            r.get('part') != 'backbone_neck' else None
         if base is not None:
-            out['runtime_ratios'].append(dict(model=r['model'], part=r['part'], size=size,
-                                              batch=r['batch'], latency=latency(r, base)))
+            out['runtime_ratios'].append(dict(
+                model=r['model'], runtime=r['runtime'], part=r.get('part', 'whole'),
+                size=size, batch=r['batch'], dtype=r['dtype'], latency=latency(r, base)))
     return out
 
 
@@ -354,8 +385,10 @@ def print_table(results: dict) -> None:
         print(f"{ratio['dtype']}/fp32 {ratio['model']:18s} {ratio['size']:>10s} "
               f"b{ratio['batch']}: latency {ratio['latency']:.2f}x")
     for ratio in results['runtime_ratios']:
-        print(f"onnxruntime/PyTorch {ratio['model']:18s} ({ratio['part']}) {ratio['size']:>10s} "
-              f"b{ratio['batch']}: latency {ratio['latency']:.2f}x")
+        label = 'onnxruntime/PyTorch' if ratio['runtime'] == 'onnxruntime' else 'compiled/eager'
+        print(f"{label} {ratio['model']:18s} ({ratio['part']}) "
+              f"{ratio['size']:>10s} b{ratio['batch']} {ratio['dtype']}: "
+              f"latency {ratio['latency']:.2f}x")
     for row in results['failed_rows']:
         print(f"onnxruntime {row['model']} at {row['width']}x{row['height']}: not exported "
               f"({row['error'][:200]})")
@@ -379,6 +412,7 @@ def main(argv=None) -> dict:
                    cuda=None if on_cpu else torch.version.cuda,
                    warmup=args.warmup, repeats=args.repeats,
                    command=' '.join([osp.relpath(__file__)] + (argv or sys.argv[1:])),
+                   compile_backend=args.compile_backend if args.compile else None,
                    cfg_options=args.cfg_options,
                    flop_convention='gflop counts one multiply-add as 2 FLOPs',
                    matmul_peak_gflop_per_s=peaks, matmul_peak_size=peak_sizes,

@@ -1,6 +1,6 @@
 """What the four InLine backbones share: arch presets, attn_type parsing, the
-OpenMMLab backbone contract (out_indices, frozen_stages, with_cp, init_cfg)
-and checkpoint loading."""
+OpenMMLab backbone contract (out_indices, frozen_stages, with_cp, init_cfg),
+``torch.compile`` of the backbone alone and checkpoint loading."""
 import re
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -12,11 +12,32 @@ from mmengine.model import BaseModule
 from timm.layers import trunc_normal_
 from torch import Tensor
 
+from ..layers import symbolic
 from ..layers.inline_attention import tokens_to_grid
 from ..layers.windows import Window, to_window
 from ...errors import ConfigError, MissingFileError
 
 WindowSpec = Union[str, int, Sequence, None]
+
+#: What ``compile=True`` means: one graph (a graph break is an error) with symbolic
+#: input sizes, so a new image size reuses the compiled code.
+COMPILE_DEFAULTS = dict(fullgraph=True, dynamic=True)
+
+
+def compile_options(compile: Union[bool, dict, None], cls_name: str) -> Optional[dict]:
+    """``torch.compile`` keyword arguments of a backbone's ``compile`` argument.
+
+    False / None: eager; True: :data:`COMPILE_DEFAULTS`; a dict: those defaults
+    updated by it (e.g. ``dict(backend='aot_eager')``, ``dict(mode='max-autotune')``).
+    """
+    if compile is None or compile is False:
+        return None
+    if compile is True:
+        return dict(COMPILE_DEFAULTS)
+    if isinstance(compile, dict):
+        return {**COMPILE_DEFAULTS, **compile}
+    raise ConfigError(f'compile of {cls_name} is True, False or a dict of torch.compile '
+                      f"arguments (e.g. dict(mode='max-autotune')), got {compile!r}")
 
 
 def resolve_arch(cls_name: str, arch: Union[str, dict], settings: Dict[str, dict],
@@ -139,6 +160,9 @@ class InLineBackbone(BaseModule):
         frozen_stages: stages (counting the stem as 0) kept frozen and in eval
             mode; -1 freezes nothing.
         with_cp: gradient checkpointing of every block.
+        compile: run the backbone through ``torch.compile`` (True, or a dict of
+            its arguments over :data:`COMPILE_DEFAULTS`); compiled once, on the
+            first forward pass, for every input size (see :func:`compile_options`).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads an authors'
             or an OpenMMLab checkpoint (see :func:`inline_mm.checkpoint.load_pretrained`;
             ``strict=False`` loads what fits from a checkpoint of another arch).
@@ -147,7 +171,8 @@ class InLineBackbone(BaseModule):
     num_stages: int = 4
 
     def __init__(self, out_indices: Sequence[int], frozen_stages: int, with_cp: bool,
-                 init_cfg: Optional[dict], num_stages: int = 4) -> None:
+                 init_cfg: Optional[dict], num_stages: int = 4,
+                 compile: Union[bool, dict] = False) -> None:
         super().__init__(init_cfg=init_cfg)
         self.num_stages = num_stages
         name = type(self).__name__
@@ -161,6 +186,8 @@ class InLineBackbone(BaseModule):
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
         self.with_cp = with_cp
+        self.compile_options = compile_options(compile, name)
+        self._compiled = None
 
     def _finish_init(self) -> None:
         self.apply(init_transformer_weights)
@@ -199,6 +226,26 @@ class InLineBackbone(BaseModule):
                 x.requires_grad or any(p.requires_grad for p in block.parameters())):
             return cp.checkpoint(block, x, hw, use_reentrant=False)
         return block(x, hw)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """The outputs of the stages in ``out_indices``: NCHW maps, strides of the family."""
+        if self.compile_options is None or symbolic.in_graph():
+            return self.forward_stages(x)
+        if self._compiled is None:
+            self._compiled = torch.compile(self.forward_stages, **self.compile_options)
+        return self._compiled(x)
+
+    def forward_stages(self, x: Tensor) -> Tuple[Tensor, ...]:
+        """The eager forward pass of the family (what ``compile`` compiles)."""
+        raise NotImplementedError
+
+    def __getstate__(self) -> dict:
+        # the compiled function holds this module: copies (deepcopy for EMA, pickling)
+        # compile their own on their first forward pass
+        state = super().__getstate__() if hasattr(super(), '__getstate__') else self.__dict__
+        state = dict(state)
+        state['_compiled'] = None
+        return state
 
     @staticmethod
     def to_nchw(x: Tensor, hw: Tuple[int, int]) -> Tensor:

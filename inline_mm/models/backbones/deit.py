@@ -57,11 +57,13 @@ class InLineDeiT(InLineBackbone):
                  drop_path_rate: float = 0.1,
                  final_norm: bool = True, out_indices: Sequence[int] = (2, 5, 8, 11),
                  frozen_stages: int = -1, with_cp: bool = False,
+                 compile: Union[bool, dict] = False,
                  init_cfg: Optional[dict] = None) -> None:
         cfg = resolve_arch('InLineDeiT', arch, self.arch_settings, dict(
             embed_dims=embed_dims, depth=depth, num_heads=num_heads,
             pretrain_img_size=pretrain_img_size))
-        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, cfg['depth'])
+        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, cfg['depth'],
+                         compile)
         dim = cfg['embed_dims']
         self.embed_dims = dim
         self.final_norm = final_norm
@@ -93,7 +95,7 @@ class InLineDeiT(InLineBackbone):
             parts.append(self.norm)
         return parts
 
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+    def forward_stages(self, x: Tensor) -> Tuple[Tensor, ...]:
         x, hw = self.patch_embed(x)
         cls = self.cls_token.expand(x.shape[0], -1, -1)
         pos = self._pos_resizer(self.pos_embed, hw, self.pos_grid, num_prefix_tokens=1)

@@ -65,13 +65,15 @@ class InLinePVT(InLineBackbone):
                  qkv_bias: bool = True, drop_rate: float = 0., attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.1,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
-                 with_cp: bool = False, init_cfg: Optional[dict] = None) -> None:
+                 with_cp: bool = False, compile: Union[bool, dict] = False,
+                 init_cfg: Optional[dict] = None) -> None:
         cfg = resolve_arch('InLinePVT', arch, self.arch_settings, dict(
             embed_dims=embed_dims, depths=depths, num_heads=num_heads, mlp_ratios=mlp_ratios,
             attn_type=attn_type))
         num_stages = check_stage_lists('InLinePVT', cfg, ('embed_dims', 'num_heads',
                                                           'mlp_ratios'))
-        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, num_stages)
+        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, num_stages,
+                         compile)
         self.embed_dims = list(cfg['embed_dims'])
         self.depths = list(cfg['depths'])
         block_types = parse_attn_type(cfg['attn_type'], self.depths, 'I', 'InLinePVT')
@@ -115,7 +117,7 @@ class InLinePVT(InLineBackbone):
             parts += [getattr(self, f'patch_embed{i}'), getattr(self, f'pos_embed{i}')]
         return parts
 
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+    def forward_stages(self, x: Tensor) -> Tuple[Tensor, ...]:
         outs = []
         for i in range(self.num_stages):
             x, hw = getattr(self, f'patch_embed{i + 1}')(x)

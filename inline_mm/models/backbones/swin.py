@@ -69,11 +69,13 @@ class InLineSwin(InLineBackbone):
                  attn_drop_rate: float = 0., drop_path_rate: float = 0.2,
                  pretrain_img_size: int = 224,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
-                 with_cp: bool = False, init_cfg: Optional[dict] = None) -> None:
+                 with_cp: bool = False, compile: Union[bool, dict] = False,
+                 init_cfg: Optional[dict] = None) -> None:
         cfg = resolve_arch('InLineSwin', arch, self.arch_settings, dict(
             embed_dims=embed_dims, depths=depths, num_heads=num_heads, attn_type=attn_type))
         num_stages = check_stage_lists('InLineSwin', cfg, ('num_heads',))
-        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, num_stages)
+        super().__init__(out_indices, frozen_stages, with_cp, init_cfg, num_stages,
+                         compile)
         self.depths = list(cfg['depths'])
         dims = [cfg['embed_dims'] * 2 ** i for i in range(self.num_stages)]
         self.embed_dims = dims
@@ -118,7 +120,7 @@ class InLineSwin(InLineBackbone):
             parts.append(getattr(self, f'norm{i - 1}'))
         return parts
 
-    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+    def forward_stages(self, x: Tensor) -> Tuple[Tensor, ...]:
         x, hw = self.patch_embed(x)
         x = self.pos_drop(x)
         outs = []

@@ -42,9 +42,11 @@ class TokenMlp(Mlp):
     chunk_tokens = 4096
 
     def forward(self, x: Tensor) -> Tensor:
+        # the size test last: in a recorded graph it would put a guard on the size
+        if self.training or torch.is_grad_enabled() or not _chunk_on(x):
+            return super().forward(x)
         num_tokens = x.numel() // x.shape[-1]
-        if (self.training or torch.is_grad_enabled() or num_tokens <= 2 * self.chunk_tokens
-                or not _chunk_on(x)):
+        if num_tokens <= 2 * self.chunk_tokens:
             return super().forward(x)
         tokens = x.reshape(num_tokens, x.shape[-1])
         out = None

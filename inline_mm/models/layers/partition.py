@@ -12,6 +12,13 @@ from torch import Tensor
 MASK_VALUE = -100.0
 
 
+def round_up(size, multiple):
+    """The smallest multiple of ``multiple`` >= ``size``: ints, size tensors or dynamo's
+    symbolic sizes.  Written as a floor division (not ``size + (-size) % multiple``): the
+    padded size is then visibly a multiple, which keeps dynamo's size expressions short."""
+    return (size + multiple - 1) // multiple * multiple
+
+
 def window_partition(x: Tensor, window: Tuple[int, int]) -> Tensor:
     """``(B, H, W, C)`` with H, W multiples of the window -> ``(B * nW, wh * ww, C)``."""
     b, h, w, c = x.shape

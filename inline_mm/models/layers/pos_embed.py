@@ -42,7 +42,7 @@ class PosEmbedResizer:
 
     def __call__(self, pos_embed: nn.Parameter, new_grid: Tuple[int, int],
                  old_grid: Tuple[int, int], num_prefix_tokens: int = 0) -> Tensor:
-        if symbolic.is_tracing():  # the grid is a pair of size tensors: resize in the graph
+        if symbolic.in_graph():  # the grid is symbolic (compile, ONNX): resize in the graph
             return symbolic.resize_pos_embed(pos_embed, new_grid, old_grid, num_prefix_tokens)
         if tuple(new_grid) == tuple(old_grid):
             return pos_embed

@@ -135,7 +135,7 @@ class WindowAttention(nn.Module):
         table; their indices are kept in the shared byte-bounded cache, per
         window, table size and device (built in the graph when one is recorded).
         """
-        if not symbolic.is_tracing() and tuple(window) == self.table_window:
+        if not symbolic.in_graph() and tuple(window) == self.table_window:
             return self.relative_position_index
         device = self.relative_position_bias_table.device
         return CACHE.get(('rel_index', tuple(window), self.table_window, str(device)),

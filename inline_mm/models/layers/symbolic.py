@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .partition import MASK_VALUE, window_partition
+from .partition import MASK_VALUE, round_up, window_partition
 
 #: A size that is a Python int (static) or a 0-dim int64 tensor (traced).
 Size = Union[int, Tensor]
@@ -107,7 +107,7 @@ def window_labels(hw: Tuple[Size, Size], window: Tuple[Size, Size],
     """
     h, w = hw
     wh, ww = window
-    hp, wp = h + (-h) % wh, w + (-w) % ww
+    hp, wp = round_up(h, wh), round_up(w, ww)
     rows = torch.arange(hp, device=device)
     cols = torch.arange(wp, device=device)
     # real tokens of the padded map after the cyclic roll by -shift

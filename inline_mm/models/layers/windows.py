@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import symbolic
 from .cache import CACHE
-from .partition import MASK_VALUE, window_partition, window_reverse
+from .partition import MASK_VALUE, round_up, window_partition, window_reverse
 
 from ...errors import ConfigError
 
@@ -43,6 +43,12 @@ def clip_window(window: Window, hw: Tuple[int, int], shift: int | Tuple[int, int
                 ) -> Tuple[Tuple[int, int], Tuple[int, int]]:
     """Clip a window to the feature map and drop the shift along an axis it covers.
 
+    Under ``torch.compile`` the sizes are symbolic and the comparison below puts a
+    guard ``extent >= window`` on each axis: a new size recompiles only when it
+    flips (maps smaller than a window), and the size expressions stay simple.
+    Under ONNX tracing the sizes are tensors and no branch is possible: the
+    window and the shift are computed (:func:`symbolic.clip_window`).
+
     Returns:
         ((wh, ww), (sh, sw)): the effective window and shift in tokens.
     """
@@ -60,8 +66,8 @@ def clip_window(window: Window, hw: Tuple[int, int], shift: int | Tuple[int, int
 def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
     """Zero-pad a ``(B, H, W, C)`` map at the bottom / right to multiples of ``multiple``."""
     h, w = x.shape[1:3]
-    pad_h, pad_w = (-h) % multiple[0], (-w) % multiple[1]
-    if symbolic.is_tracing() or pad_h or pad_w:  # traced: pad by a size tensor, maybe 0
+    pad_h, pad_w = round_up(h, multiple[0]) - h, round_up(w, multiple[1]) - w
+    if symbolic.in_graph() or pad_h or pad_w:  # in a graph: pad by a symbolic size, maybe 0
         x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
     return x
 
@@ -69,8 +75,8 @@ def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
 def pad_image(x: Tensor, multiple: int) -> Tensor:
     """Zero-pad an NCHW image at the bottom / right to a multiple of ``multiple``."""
     h, w = x.shape[-2:]
-    pad_h, pad_w = (-h) % multiple, (-w) % multiple
-    if symbolic.is_tracing() or pad_h or pad_w:
+    pad_h, pad_w = round_up(h, multiple) - h, round_up(w, multiple) - w
+    if symbolic.in_graph() or pad_h or pad_w:
         x = F.pad(x, (0, pad_w, 0, pad_h))
     return x
 
@@ -79,10 +85,10 @@ def valid_mask(hw: Tuple[int, int], window: Tuple[int, int], shift: Tuple[int, i
                device: torch.device) -> Optional[Tensor]:
     """``(nW, N)`` bool, True on the real tokens of the windows over the padded, rolled map.
 
-    None when nothing is padded (outside a recorded graph: under ONNX tracing
-    the sizes are unknown, so the mask is always built).
+    None when nothing is padded (outside a recorded graph: in a graph, ONNX or
+    ``torch.compile``, the sizes are symbolic, so the mask is always built).
     """
-    if symbolic.is_tracing():
+    if symbolic.in_graph():
         return symbolic.window_labels(hw, window, shift, device) >= 0
     if hw[0] % window[0] == 0 and hw[1] % window[1] == 0:
         return None
@@ -142,7 +148,7 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn,
         bias = partial(region_bias, (h, w), win, sft, x.device)
     x = pad_to_multiple(x, win)
     hp, wp = x.shape[1:3]
-    if symbolic.is_tracing():
+    if symbolic.in_graph():
         return _run_traced(x, (h, w), win, sft, valid, bias, fn)
     if sft != (0, 0):
         x = torch.roll(x, shifts=(-sft[0], -sft[1]), dims=(1, 2))
@@ -160,7 +166,7 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn,
 
 def _run_traced(x: Tensor, hw: tuple, win: tuple, sft: tuple, valid: Optional[Tensor],
                 bias: Optional[RegionBias], fn: WindowFn) -> Tensor:
-    """:func:`run_in_windows` after padding, without size branches (sizes are tensors)."""
+    """:func:`run_in_windows` after padding, without size branches (sizes are symbolic)."""
     b, hp, wp = x.shape[:3]
     shifted = symbolic.has_shift(sft)
     if shifted:

@@ -1,0 +1,144 @@
+"""torch.compile of the four backbone families: one graph, symbolic sizes, eager numbers.
+
+The backbones compile with ``fullgraph=True`` (a graph break is an error) and
+``dynamic=True``, and the compiled outputs and gradients equal the eager ones.
+InLine-PVT and InLine-DeiT (global attention) compile once for ten input sizes
+(odd, non-square, 1333x800, 2048x1024).  The windowed families (Swin, CSwin)
+compile to one graph too, but a new size can compile again: measured on torch
+2.14, a conv's CPU kernel choice depends on the number of windows (dynamo
+guards on it) and on whether a map is smaller than a window; those checks here
+are one graph and eager numbers at two sizes, not the compilation count.  The
+graphs run on dynamo's ``eager`` backend (what is checked is the capture;
+inductor's code generation takes minutes on a CPU and is timed by
+``tools/analysis/benchmark.py --compile``).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, tool_env, toy_det_options
+
+from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
+from inline_mm.errors import ConfigError
+
+pytestmark = pytest.mark.skipif(
+    tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2]) < (2, 2),
+    reason=f'torch {torch.__version__}: dynamo of torch 2.1 specialises the windowed '
+    'backbones on their input sizes even with dynamic=True')
+
+# the real channel widths (a conv's CPU kernel choice depends on its input's element
+# count, and dynamo guards on it: tiny widths would cross that threshold between sizes),
+# one block a stage (two in the softmax stages: plain and shifted / both stripe kinds)
+FAMILIES = {
+    'pvt': (InLinePVT, dict(arch='tiny', depths=[1, 1, 1, 1])),
+    'swin': (InLineSwin, dict(arch='tiny', depths=[1, 1, 2, 2])),
+    'cswin': (InLineCSWin, dict(arch='tiny', depths=[1, 1, 2, 1])),
+    'deit': (InLineDeiT, dict(arch='tiny', depth=2, out_indices=(0, 1))),
+}
+# (height, width): non-square first (dynamo's duck sizing would tie a square first
+# input's sides together, one compilation more), odd, padded and clipped windows
+SIZES = [(333, 517), (224, 224), (800, 1333), (517, 333), (1024, 2048), (257, 383),
+         (480, 640), (401, 401), (608, 1088), (321, 225)]
+#: the families that compile once for all of SIZES; the windowed ones run WINDOWED_SIZES
+ONE_GRAPH = ('pvt', 'deit')
+WINDOWED_SIZES = [(333, 517), (800, 1333)]
+TRAIN_SIZES = [(333, 517), (800, 1333), (517, 333)]
+
+
+class CountingBackend:
+    """A dynamo backend that counts the graphs it is given and runs them eagerly."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs) -> callable:
+        self.graphs += 1
+        return gm.forward
+
+
+def build(family: str, **kwargs) -> torch.nn.Module:
+    cls, small = FAMILIES[family]
+    torch.manual_seed(0)
+    return cls(**small, drop_path_rate=0., **kwargs)
+
+
+def assert_close_rel(got, want, what: str) -> None:
+    for i, (a, b) in enumerate(zip(got, want)):
+        err = ((a - b).abs().max() / b.abs().max().clamp(min=1e-12)).item()
+        assert err <= 1e-5, f'{what} {i}: relative difference {err:.2e} > 1e-5'
+
+
+@pytest.mark.slow  # tens of seconds a family: dynamo traces with symbolic sizes
+@pytest.mark.parametrize('family', list(FAMILIES))
+def test_compiled_eval_one_graph_eager_outputs(family):
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    model = build(family, compile=dict(backend=backend)).eval()
+    eager = build(family).eval()
+    sizes = SIZES if family in ONE_GRAPH else WINDOWED_SIZES
+    with torch.no_grad():
+        for hw in sizes:
+            x = torch.randn(1, 3, *hw)
+            got = model(x)
+            assert_close_rel(got, eager(x), f'{family} at {hw}: output')
+    torch._dynamo.reset()
+    assert backend.graphs >= 1, 'the backbone did not go through torch.compile'
+    if family in ONE_GRAPH:
+        assert backend.graphs <= 2, f'{backend.graphs} compilations for {len(sizes)} sizes'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', ONE_GRAPH)
+def test_compiled_training_matches_eager_gradients(family):
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    model = build(family, compile=dict(backend=backend)).train()
+    eager = build(family).train()
+    for hw in TRAIN_SIZES:
+        x = torch.randn(1, 3, *hw)
+        for m in (model, eager):
+            m.zero_grad()
+            sum((o.float() ** 2).mean() for o in m(x)).backward()
+        names = [n for n, p in eager.named_parameters() if p.grad is not None]
+        assert len(names) == sum(p.grad is not None for p in model.parameters())
+        grads = dict(model.named_parameters())
+        assert_close_rel([grads[n].grad for n in names],
+                         [p.grad for n, p in eager.named_parameters() if p.grad is not None],
+                         f'{family} at {hw}: gradient')
+    torch._dynamo.reset()
+    assert 1 <= backend.graphs <= 2, \
+        f'{backend.graphs} compilations for {len(TRAIN_SIZES)} sizes'
+
+
+@pytest.mark.parametrize('value', ['yes', 1, ['fullgraph']])
+def test_compile_option_rejects_what_is_not_a_switch(value):
+    with pytest.raises(ConfigError, match='compile of InLinePVT is True, False or a dict'):
+        InLinePVT(arch='tiny', depths=[1, 1, 1, 1], compile=value)
+
+
+def test_compiled_backbone_copies_without_its_compiled_function():
+    """EMA (deepcopy) and pickling copy the module, not the compiled function that holds
+    the original: the copy compiles its own on its first forward pass."""
+    import copy
+    import pickle
+    model = InLinePVT(arch='tiny', depths=[1, 1, 1, 1], compile=True)
+    model._compiled = lambda x: pytest.fail('the copy ran the original compiled function')
+    for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert twin._compiled is None and twin.compile_options == dict(fullgraph=True,
+                                                                       dynamic=True)
+
+
+@pytest.mark.slow  # about two minutes: AOT autograd traces the toy detector's backbone
+def test_toy_detector_trains_with_a_compiled_backbone(toy_root, tmp_path):
+    work_dir = str(tmp_path / 'work')
+    cmd = [sys.executable, TRAIN_TOOL, TOY_DET_CONFIG, '--work-dir', work_dir,
+           *toy_det_options(toy_root, **{
+               'train_cfg.max_iters': 2, 'model.backbone.compile.backend': 'aot_eager',
+               'default_hooks.checkpoint.interval': 2})]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=tool_env(), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert os.path.isfile(os.path.join(work_dir, 'iter_2.pth'))
+    assert 'Iter(train) [2/2]' in proc.stdout + proc.stderr
