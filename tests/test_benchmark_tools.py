@@ -105,11 +105,16 @@ def test_cfg_options_need_a_config(capsys):
 
 
 def test_slope_printed_with_two_sizes(tmp_path, capsys):
-    benchmark.main(['--models', 'inline_pvt_t', '--sizes', '64', '96', '--no-flops',
-                    '--out', str(tmp_path)] + FAST)
+    import math
+    results = benchmark.main(['--models', 'inline_pvt_t', '--sizes', '64', '96', '--no-flops',
+                              '--out', str(tmp_path)] + FAST)
     lines = summary_lines(capsys.readouterr().out)
     assert len(lines) == 1 and 'inline_pvt_t b1 fp32' in lines[0]
-    assert float(lines[0].rsplit(':', 1)[1]) > 0
+    # the log-log slope of the two rows' medians (its sign is the machine's noise: not asserted)
+    (p0, t0), (p1, t1) = sorted((r['pixels'], r['latency_ms']['median'])
+                                for r in results['rows'])
+    want = (math.log(t1) - math.log(t0)) / (math.log(p1) - math.log(p0))
+    assert float(lines[0].rsplit(':', 1)[1]) == pytest.approx(want, abs=0.006)
 
 
 @pytest.mark.parametrize('config', [DET_TOY, SEG_TOY])
