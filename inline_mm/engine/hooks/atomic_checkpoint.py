@@ -15,14 +15,13 @@ import os.path as osp
 from typing import List, Optional
 
 import torch
-from mmengine.dist import broadcast_object_list, get_world_size, is_main_process
+from mmengine.dist import all_reduce, broadcast_object_list, get_world_size, is_main_process
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
 from ...checkpoint import mmengine_checkpoint_globals
 from ..atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
 from ..checkpoint_files import CheckpointWriteError, newest_readable_checkpoint
-from ..nonfinite import agree_on_flags
 from .rng_state import RNGStateHook
 
 #: file name start of the mid-epoch checkpoints written on preemption
@@ -33,7 +32,11 @@ def agree(flag: bool) -> bool:
     """True on every process when ``flag`` is True on any (one all-reduce)."""
     if get_world_size() == 1:
         return flag
-    return agree_on_flags(torch.tensor([1 if flag else 0], dtype=torch.int32))[0]
+    # its own read (not nonfinite.agree_on_flags): the host-sync accounting of
+    # tests/test_host_syncs.py tells the step's verdict and this agreement apart by site
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    all_reduce(value, op='max')  # mmengine.dist moves it to the backend's device
+    return bool(value.item())
 
 
 def _scope_checkpoint_globals(runner) -> None:
