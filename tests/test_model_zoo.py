@@ -33,6 +33,8 @@ def _module(path, name):
 
 
 zoo = _module(os.path.join(REPO_ROOT, 'tools', 'model_zoo', '_zoo.py'), 'model_zoo_helpers')
+metafile = _module(os.path.join(REPO_ROOT, 'tools', 'model_zoo', '_metafile.py'),
+                   'model_zoo_metafile')
 
 
 def _run(args, cwd=REPO_ROOT, env=None, timeout=600):
@@ -282,9 +284,9 @@ def test_metafile_edit_keeps_every_other_entry_byte_for_byte():
                 'inference time (ms/im)': [{'value': 61.3, 'hardware': 'NVIDIA A100',
                                             'resolution': '(800, 1333)'}]}
     weights = 'https://example.org/zoo/x_20261201-0123abcd.pth'
-    new = zoo.set_metafile_entry(text, name, results, weights, metadata)
-    zoo.check_metafile(text, new, name, results, weights, metadata)
-    start, end, _ = zoo.find_entry(text, name)
+    new = metafile.set_metafile_entry(text, name, results, weights, metadata)
+    metafile.check_metafile(text, new, name, results, weights, metadata)
+    start, end, _ = metafile.find_entry(text, name)
     old_lines, new_lines = text.split('\n'), new.split('\n')
     grown = len(new_lines) - len(old_lines)
     assert new_lines[:start] == old_lines[:start]
@@ -294,11 +296,11 @@ def test_metafile_edit_keeps_every_other_entry_byte_for_byte():
     assert entry['Metadata']['FLOPs'] == 275264493056  # kept
     assert entry['Metadata']['Training Resources'] == '8x NVIDIA A100-SXM4-80GB'  # replaced
     with pytest.raises(Exception, match='no Models entry'):
-        zoo.set_metafile_entry(text, 'no-such-model', results, weights, metadata)
+        metafile.set_metafile_entry(text, 'no-such-model', results, weights, metadata)
 
     readme = open(os.path.join(REPO_ROOT, 'configs', 'det', 'README.md')).read()
     cell = '43.1 / 39.0 ([model](https://example.org/x.pth))'
-    edited = zoo.set_readme_row(readme, f'{name}.py', {'ours': cell}, 'README.md')
+    edited = metafile.set_readme_row(readme, f'{name}.py', {'ours': cell}, 'README.md')
     diff = [(a, b) for a, b in zip(readme.split('\n'), edited.split('\n')) if a != b]
     assert len(diff) == 1 and len(readme.split('\n')) == len(edited.split('\n'))
     old_row, new_row = diff[0]

@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Tuple
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+import _metafile  # noqa: E402
 import _zoo  # noqa: E402
 
 from inline_mm.engine.launch import cli_main  # noqa: E402
@@ -342,7 +343,7 @@ def write_metafile(out: str, toolkit: str) -> Tuple[str, dict]:
     # the toy runs are inline-mm's demos, not models of the project
     for model in yaml.safe_load(text).get('Models') or []:
         if '/toy/' in model.get('Config', ''):
-            start, end, _ = _zoo.find_entry(text, model['Name'])
+            start, end, _ = _metafile.find_entry(text, model['Name'])
             lines = text.split('\n')
             text = '\n'.join(lines[:start] + lines[end:])
     text = text.replace(f'{folder}/README.md', f'projects/{PROJECT}/README.md')

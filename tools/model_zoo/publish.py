@@ -33,6 +33,7 @@ from typing import Dict, List, Tuple
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+import _metafile  # noqa: E402
 import _zoo  # noqa: E402
 
 from inline_mm.engine.atomic_io import atomic_write  # noqa: E402
@@ -84,7 +85,7 @@ def metafile_of(root: str, config: str, name: str) -> Tuple[str, str]:
             with open(path) as f:
                 text = f.read()
             for entry in names:
-                if _zoo.find_entry(text, entry) is not None:
+                if _metafile.find_entry(text, entry) is not None:
                     return path, entry
         if osp.samefile(folder, top) or osp.dirname(folder) == folder:
             break
@@ -117,7 +118,7 @@ def prepare(work_dir: str, args) -> dict:
         else _shown(target, args.root)
     metafile, entry_name = metafile_of(args.root, run.config, run.name)
     with open(metafile) as f:
-        entry = _zoo.entry_fields(f.read(), entry_name)
+        entry = _metafile.entry_fields(f.read(), entry_name)
     dataset = (entry.get('Metadata') or {}).get('Training Data') or \
         (entry['_collection'].get('Metadata') or {}).get('Training Data') or 'COCO'
     readme = readme_of(args.root, metafile, entry)
@@ -145,13 +146,13 @@ def edited_texts(jobs: List[dict]) -> Dict[str, Tuple[str, str]]:
 
     for job in jobs:
         old = current(job['metafile'])
-        new = _zoo.set_metafile_entry(old, job['entry'], job['results'], job['weights'],
+        new = _metafile.set_metafile_entry(old, job['entry'], job['results'], job['weights'],
                                       job['metadata'])
-        _zoo.check_metafile(old, new, job['entry'], job['results'], job['weights'],
+        _metafile.check_metafile(old, new, job['entry'], job['results'], job['weights'],
                             job['metadata'])
         texts[job['metafile']] = (texts[job['metafile']][0], new)
         readme = current(job['readme'])
-        texts[job['readme']] = (texts[job['readme']][0], _zoo.set_readme_row(
+        texts[job['readme']] = (texts[job['readme']][0], _metafile.set_readme_row(
             readme, job['config_link'], {'ours': job['cell']}, job['readme']))
     return texts
 

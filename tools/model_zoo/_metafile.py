@@ -1,0 +1,197 @@
+"""Minimal textual edits of the zoo's metafiles and README tables (every other byte kept).
+
+* :func:`find_entry` / :func:`entry_fields`: a ``Models`` entry of a metafile, as lines
+  and parsed;
+* :func:`set_metafile_entry` / :func:`check_metafile`: the entry's ``Results``,
+  ``Weights`` and ``Metadata`` keys set, and the result read back as YAML;
+* :func:`set_readme_row`: cells of one row of the results table after
+  :data:`TABLE_MARKER`.
+
+A YAML round trip would reformat the whole file; these edits replace only the lines of
+the keys they set.
+"""
+import json
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+import yaml
+
+from inline_mm.errors import ConfigError
+
+#: the marker line before the results table of a zoo README
+TABLE_MARKER = '<!-- model-zoo-table -->'
+
+_CELL_SPLIT = re.compile(r'(?<!\\)\|')
+
+
+def _scalar(value: Any) -> str:
+    """One YAML scalar: plain when it reads back as itself, else JSON-quoted."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if re.fullmatch(r'[A-Za-z0-9_./()\-][\w ./()@+,\-]*', text) and ': ' not in text \
+            and yaml.safe_load(text) == text:
+        return text
+    return json.dumps(text)
+
+
+def _yaml_lines(key: str, value: Any, indent: int) -> List[str]:
+    """``key: value`` as block YAML at ``indent``, lists indented two more (the zoo's style)."""
+    pad = ' ' * indent
+    if isinstance(value, dict):
+        lines = [f'{pad}{key}:']
+        for k, v in value.items():
+            lines += _yaml_lines(k, v, indent + 2)
+        return lines
+    if isinstance(value, list):
+        lines = [f'{pad}{key}:']
+        for item in value:
+            if not isinstance(item, dict):
+                lines.append(f'{pad}  - {_scalar(item)}')
+                continue
+            sub = []
+            for k, v in item.items():
+                sub += _yaml_lines(k, v, indent + 4)
+            sub[0] = f'{pad}  - ' + sub[0].lstrip()
+            lines += sub
+        return lines
+    return [f'{pad}{key}: {_scalar(value)}']
+
+
+def _block_end(lines: List[str], start: int, indent: int) -> int:
+    """Index after the block that starts at ``lines[start]`` (deeper-indented lines)."""
+    end = start + 1
+    while end < len(lines):
+        text = lines[end]
+        if text.strip() and len(text) - len(text.lstrip()) <= indent:
+            break
+        end += 1
+    while end > start + 1 and not lines[end - 1].strip():  # trailing blank lines stay out
+        end -= 1
+    return end
+
+
+def _key_line(lines: List[str], start: int, end: int, key: str, indent: int) -> Optional[int]:
+    pattern = re.compile(rf'^ {{{indent}}}{re.escape(key)}:(\s|$)')
+    return next((i for i in range(start, end) if pattern.match(lines[i])), None)
+
+
+def find_entry(text: str, name: str) -> Optional[Tuple[int, int, int]]:
+    """(first line, end line, key indent) of the ``Models`` entry ``name``, or None."""
+    lines = text.split('\n')
+    for i, line in enumerate(lines):
+        match = re.match(r'^(\s*)- Name:\s*(.+?)\s*$', line)
+        if match and match.group(2).strip('\'"') == name:
+            dash = len(match.group(1))
+            if not any(ln.startswith('Models:') for ln in lines[:i]):
+                continue  # a collection of that name
+            return i, _block_end(lines, i, dash), dash + 2
+    return None
+
+
+def set_metafile_entry(text: str, name: str, results: List[dict], weights: str,
+                       metadata: Dict[str, Any]) -> str:
+    """``text`` with the entry ``name``'s Results, Weights and Metadata keys set.
+
+    Only the lines of those keys change (a key's line and its deeper-indented lines are
+    replaced, a missing key is added at the end of its block); every other byte stays.
+
+    Raises:
+        ConfigError: the metafile has no entry ``name``.
+    """
+    found = find_entry(text, name)
+    if found is None:
+        raise ConfigError(f'the metafile has no Models entry named {name!r}: add one')
+    start, end, ind = found
+    lines = text.split('\n')
+    entry = lines[start:end]
+    keys_ind = ind
+
+    def replace(block: List[str], key: str, new: List[str], at: int, indent: int) -> List[str]:
+        i = _key_line(block, at, len(block), key, indent)
+        if i is None:
+            return block + new
+        j = _block_end(block, i, indent)
+        return block[:i] + new + block[j:]
+
+    # Metadata keys, inside the Metadata block
+    m = _key_line(entry, 1, len(entry), 'Metadata', keys_ind)
+    if m is None:
+        entry = entry + _yaml_lines('Metadata', metadata, keys_ind)
+    else:
+        m_end = _block_end(entry, m, keys_ind)
+        block = entry[m + 1:m_end]
+        for key, value in metadata.items():
+            new = _yaml_lines(key, value, keys_ind + 2)
+            i = _key_line(block, 0, len(block), key, keys_ind + 2)
+            if i is None:
+                block = block + new
+            else:
+                block = block[:i] + new + block[_block_end(block, i, keys_ind + 2):]
+        entry = entry[:m + 1] + block + entry[m_end:]
+    entry = replace(entry, 'Results', _yaml_lines('Results', results, keys_ind), 1, keys_ind)
+    entry = replace(entry, 'Weights', _yaml_lines('Weights', weights, keys_ind), 1, keys_ind)
+    return '\n'.join(lines[:start] + entry + lines[end:])
+
+
+def check_metafile(old: str, new: str, name: str, results: List[dict], weights: str,
+                   metadata: Dict[str, Any]) -> None:
+    """Read ``new`` back: the entry holds what was written, every other entry is as in ``old``."""
+    before, after = yaml.safe_load(old), yaml.safe_load(new)
+    models_before = {m['Name']: m for m in before.get('Models') or []}
+    models_after = {m['Name']: m for m in after.get('Models') or []}
+    entry = models_after.get(name) or {}
+    assert entry.get('Results') == results and entry.get('Weights') == weights, \
+        f'metafile edit of {name} did not read back'
+    assert all(entry.get('Metadata', {}).get(k) == v for k, v in metadata.items()), \
+        f'metafile edit of {name} did not read back'
+    assert {k: v for k, v in models_after.items() if k != name} == \
+        {k: v for k, v in models_before.items() if k != name}, 'other entries changed'
+    assert after.get('Collections') == before.get('Collections'), 'collections changed'
+
+
+def entry_fields(text: str, name: str) -> dict:
+    """The parsed metafile entry ``name`` (and its collection's fields under '_collection')."""
+    data = yaml.safe_load(text) or {}
+    entry = next((m for m in data.get('Models') or [] if m.get('Name') == name), None)
+    if entry is None:
+        return {}
+    collection = next((c for c in data.get('Collections') or []
+                       if c.get('Name') == entry.get('In Collection')), {})
+    return dict(entry, _collection=collection)
+
+
+def set_readme_row(text: str, config_link: str, cells: Dict[str, str], readme: str) -> str:
+    """``text`` with the cells named by their column header set in the row of ``config_link``.
+
+    The table is the first after the :data:`TABLE_MARKER` line; its row is the one whose
+    first cell links ``config_link``.  Only that row's line changes.
+
+    Raises:
+        ConfigError: no marker, no such column or no such row.
+    """
+    lines = text.split('\n')
+    if TABLE_MARKER not in lines:
+        raise ConfigError(f'{readme} has no results table marked {TABLE_MARKER}: add the '
+                          f'marker line before the table the results go into')
+    i = lines.index(TABLE_MARKER) + 1
+    while i < len(lines) and not lines[i].startswith('|'):
+        i += 1
+    header = [c.strip() for c in _CELL_SPLIT.split(lines[i])[1:-1]] if i < len(lines) else []
+    columns = {name: header.index(name) for name in cells if name in header}
+    missing = [name for name in cells if name not in columns]
+    if missing:
+        raise ConfigError(f"{readme}: the results table has no column {missing[0]!r}")
+    j = i + 2
+    while j < len(lines) and lines[j].startswith('|'):
+        parts = _CELL_SPLIT.split(lines[j])
+        if f']({config_link})' in parts[1]:
+            for name, index in columns.items():
+                parts[index + 1] = f' {cells[name]} '
+            lines[j] = '|'.join(parts)
+            return '\n'.join(lines)
+        j += 1
+    raise ConfigError(f'{readme}: the results table has no row for {config_link} '
+                      f'(a first cell linking it): add the row')
