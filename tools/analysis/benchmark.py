@@ -85,14 +85,15 @@ def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup
                 progress: Callable[[str], None]
                 ) -> Tuple[Dict[str, List[float]], Dict[str, float]]:
     """Per model the timed passes (interleaved) and the first warm-up pass, in seconds
-    (a compiled model's compilation for this size and dtype happens there)."""
+    (a compiled model's compilation for this size and dtype happens there; without
+    warm-up passes it falls into the timed ones and ``first`` is empty)."""
     x = torch.randn(batch, 3, *size, device=device)
     times = {name: [] for name in models}
     first = {}
     with torch.inference_mode():
         for name, model in models.items():
             with precision(model, dtype, device):
-                for i in range(max(warmup, 1)):
+                for i in range(warmup):
                     t0 = time.perf_counter()
                     model(x)
                     sync(device)
@@ -263,7 +264,7 @@ def measure(args, models: Dict[str, nn.Module], peaks: Dict[str, float]
                     if not args.no_flops:
                         _add_gflops(row, count_macs(spec, models[spec], size), peaks[dtype])
                     if name != spec:  # the compiled twin: its memory is not measured
-                        rows.append(dict(row, runtime='compiled', compile_s=first[name]))
+                        rows.append(dict(row, runtime='compiled', compile_s=first.get(name)))
                         continue
                     if not args.no_memory and (memory_sizes is None or size in memory_sizes):
                         _progress(f'  peak memory of {spec} at {format_size(size)}')

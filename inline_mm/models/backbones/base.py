@@ -242,10 +242,7 @@ class InLineBackbone(BaseModule):
     def __getstate__(self) -> dict:
         # the compiled function holds this module: copies (deepcopy for EMA, pickling)
         # compile their own on their first forward pass
-        state = super().__getstate__() if hasattr(super(), '__getstate__') else self.__dict__
-        state = dict(state)
-        state['_compiled'] = None
-        return state
+        return dict(self.__dict__, _compiled=None)
 
     @staticmethod
     def to_nchw(x: Tensor, hw: Tuple[int, int]) -> Tensor:
