@@ -29,10 +29,11 @@ test-gpu: install
 	else echo "no GPU table written"; fi; \
 	exit $$status
 
-# the whole suite on a second stack (not in CI): STACK=oldest (the default), the oldest
-# supported stack (scripts/constraints-oldest.txt) in .venv-compat, where
-# scripts/dump_api_inventory.py runs too; STACK=onedl, OneDL's continuation of the
-# toolkits (scripts/constraints-onedl.txt) in .venv-onedl
+# the whole suite on one stack, in its own environment (not in CI; scripts/test_compat.sh):
+# STACK=oldest (the default; scripts/constraints-oldest.txt in .venv-compat, where
+# scripts/dump_api_inventory.py writes the API floors), STACK=current (constraints.txt in
+# .venv, as make test), STACK=onedl or continuation (OneDL's continuation of the toolkits,
+# scripts/constraints-onedl.txt in .venv-onedl)
 STACK ?= oldest
 test-compat:
 	@bash scripts/test_compat.sh $(STACK) $(PYTEST_ARGS)

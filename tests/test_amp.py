@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import REPO_ROOT, cpu_autocast_enabled, requires_cpu_fp16
-from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 
+from inline_mm.engine.launch import read_config
 import inline_mm.engine  # noqa: F401  (registers CPUAutocastOptimWrapper)
 from inline_mm.datasets import make_coco_toy
 from inline_mm.engine.amp import (autocast_parts, cast_to_fp32, configure_amp,
@@ -163,32 +163,32 @@ def test_optim_wrapper_autocasts_its_parts_inside_the_training_context_only():
 
 
 def test_configure_amp_on_the_cpu_and_on_a_gpu():
-    det = Config.fromfile(DET_CONFIG)
+    det = read_config(DET_CONFIG)
     configure_amp(det, 'mmdet', device='cpu')
     assert det.optim_wrapper.type == 'CPUAutocastOptimWrapper'
     assert list(det.optim_wrapper.parts) == ['backbone', 'neck']
     assert det.optim_wrapper.dtype == 'bfloat16' and 'loss_scale' not in det.optim_wrapper
-    seg = Config.fromfile(SEG_CONFIG)
+    seg = read_config(SEG_CONFIG)
     configure_amp(seg, 'mmseg', device='cpu')
     assert seg.optim_wrapper.type == 'CPUAutocastOptimWrapper'
     assert seg.optim_wrapper.parts is None
-    for cfg, task in ((Config.fromfile(DET_CONFIG), 'mmdet'),
-                      (Config.fromfile(SEG_CONFIG), 'mmseg')):
+    for cfg, task in ((read_config(DET_CONFIG), 'mmdet'),
+                      (read_config(SEG_CONFIG), 'mmseg')):
         configure_amp(cfg, task, device='cuda')
         assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
         assert cfg.optim_wrapper.loss_scale == 'dynamic'
         assert 'parts' not in cfg.optim_wrapper and 'dtype' not in cfg.optim_wrapper
     with pytest.raises(ValueError, match="'mmdet' or 'mmseg'"):
-        configure_amp(Config.fromfile(DET_CONFIG), 'cls', device='cpu')
+        configure_amp(read_config(DET_CONFIG), 'cls', device='cpu')
 
 
 def test_bf16_on_a_cpu_without_bf16_units_warns(monkeypatch):
     from inline_mm.engine import amp
     monkeypatch.setattr(amp, 'cpu_has_fast_bf16', lambda: False)
     with pytest.warns(RuntimeWarning, match='slower than fp32'):
-        configure_amp(Config.fromfile(DET_CONFIG), 'mmdet', device='cpu')
+        configure_amp(read_config(DET_CONFIG), 'mmdet', device='cpu')
     monkeypatch.setattr(amp, 'cpu_has_fast_bf16', lambda: True)
-    cfg = Config.fromfile(DET_CONFIG)
+    cfg = read_config(DET_CONFIG)
     with warnings.catch_warnings():
         warnings.simplefilter('error', RuntimeWarning)
         configure_amp(cfg, 'mmdet', device='cpu')
@@ -196,7 +196,7 @@ def test_bf16_on_a_cpu_without_bf16_units_warns(monkeypatch):
 
 def _build(config: str):
     from mmengine.registry import init_default_scope
-    cfg = Config.fromfile(config)
+    cfg = read_config(config)
     init_default_scope(cfg.default_scope)
     registry = __import__(f'{cfg.default_scope}.registry', fromlist=['MODELS']).MODELS
     return registry.build(cfg.model).eval()
@@ -249,7 +249,7 @@ def toy_root(tmp_path_factory):
 @pytest.mark.slow
 def test_detector_trains_with_a_bf16_backbone_and_neck_on_the_cpu(toy_root, tmp_path):
     from mmengine.runner import Runner
-    cfg = Config.fromfile(DET_CONFIG)
+    cfg = read_config(DET_CONFIG)
     cfg.merge_from_dict({
         'work_dir': str(tmp_path),
         'train_dataloader.dataset.data_root': toy_root + '/',

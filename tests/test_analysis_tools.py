@@ -63,8 +63,8 @@ def test_flops_scale_linearly_with_tokens():
 
 @pytest.mark.slow
 def test_get_flops_tool_on_a_config(tmp_path):
-    from mmengine.config import Config
-    cfg = Config.fromfile(os.path.join(REPO_ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py'))
+    from inline_mm.engine.launch import read_config
+    cfg = read_config(os.path.join(REPO_ROOT, 'configs', 'det', 'mask_rcnn_inline_pvt.py'))
     info = get_flops.complexity(cfg, (224, 224), backbone_only=True)
     assert info['flops'] / 1e9 == pytest.approx(1.98, abs=0.03)  # InLine-PVT-T: 2.0G (paper)
     assert info['params'] == info['backbone_params']

@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from conftest import REPO_ROOT
-from mmengine.config import Config
+
+from inline_mm.engine.launch import read_config
 
 sys.path.insert(0, os.path.join(REPO_ROOT, 'tools', 'analysis'))
 import benchmark  # noqa: E402
@@ -83,10 +84,10 @@ def test_cfg_options_change_the_measured_model(tmp_path):
     """--cfg-options reach the timed model and the subprocess that measures its memory
     (which fails when it builds another model than the timed one)."""
     from inline_mm.engine.runner_utils import build_model
-    cfg = Config.fromfile(DET_TOY)
+    cfg = read_config(DET_TOY)
     cfg.merge_from_dict({'model.backbone.arch': 'small'})
     small = sum(p.numel() for p in build_model(cfg).parameters())
-    tiny = sum(p.numel() for p in build_model(Config.fromfile(DET_TOY)).parameters())
+    tiny = sum(p.numel() for p in build_model(read_config(DET_TOY)).parameters())
     results = benchmark.main(['--config', DET_TOY, '--cfg-options', 'model.backbone.arch=small',
                               '--sizes', '64', '--no-flops', '--out', str(tmp_path)] +
                              [a for a in FAST if a != '--no-memory'])
@@ -175,15 +176,15 @@ def test_softmax_counterpart_follows_the_backbone():
     assert pvt == expected
     name, pvt_s = benchmark_train.softmax_counterpart(dict(type='InLinePVT', arch='small'))
     assert name == 'mmdet_pvt_s' and pvt_s['num_layers'] == [3, 4, 6, 3]
-    name, swin = benchmark_train.softmax_counterpart(Config.fromfile(SWIN_T).model.backbone)
+    name, swin = benchmark_train.softmax_counterpart(read_config(SWIN_T).model.backbone)
     assert name == 'mmdet_swin_t'
     assert swin == dict(benchmark.MMDET_BACKBONES['mmdet_swin_t'], out_indices=[0, 1, 2, 3])
     with pytest.raises(ValueError, match='no softmax counterpart'):
-        benchmark_train.softmax_counterpart(Config.fromfile(CSWIN_T).model.backbone)
+        benchmark_train.softmax_counterpart(read_config(CSWIN_T).model.backbone)
 
 
 def test_bf16_training_runs_use_the_backbone_neck_autocast():
-    cfg = Config.fromfile(DET_TOY)
+    cfg = read_config(DET_TOY)
     model = nn.Linear(2, 2)
     fp32 = benchmark_train.optim_wrapper_for(model, cfg, 'fp32')
     bf16 = benchmark_train.optim_wrapper_for(model, cfg, 'bf16')
@@ -273,7 +274,7 @@ def test_startup_benchmark_resize_scale_is_width_height():
     args = benchmark_startup.parse_args(['--size', '96x64'])
     options = benchmark_startup.cfg_options('/data', args.size, 1)
     assert 'train_dataloader.dataset.pipeline.2.scale=(96,64)' in options
-    cfg = Config.fromfile(benchmark_startup.DEFAULT_CONFIG)
+    cfg = read_config(benchmark_startup.DEFAULT_CONFIG)
     assert cfg.train_dataloader.dataset.pipeline[2].type == 'Resize'  # what pipeline.2 is
 
 

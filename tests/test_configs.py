@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import REPO_ROOT
-from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
 import inline_mm  # noqa: F401
+from inline_mm.engine.launch import read_config
 
 CONFIGS = sorted(glob.glob(os.path.join(REPO_ROOT, 'configs', '*', '*.py')) +
                  glob.glob(os.path.join(REPO_ROOT, 'configs', '*', 'toy', '*.py')))
@@ -39,6 +39,24 @@ def test_the_expected_configs_exist():
     assert 'seg/upernet_inline-deit-s_mln_8xb2-160k_ade20k-512x512.py' in names
 
 
+def test_mmseg_bases_resolve_where_the_distribution_has_another_name(monkeypatch):
+    """OneDL's mmengine looks ``mmseg::`` bases up under the distribution name
+    ``mmsegmentation``, which its line ships as ``onedl-mmsegmentation``.  Here the
+    table names a distribution that is not installed (what that line sees): mmengine's
+    own ``Config.fromfile`` stops, ``read_config`` resolves the base through the
+    importable ``mmseg`` and leaves the table as it was."""
+    from mmengine.config import Config
+    from mmengine.config import utils as config_utils
+    config = os.path.join(REPO_ROOT, 'configs', 'seg', 'fpn_inline-pvt-t_4xb4-80k_ade20k-512x512.py')
+    monkeypatch.setitem(config_utils.MODULE2PACKAGE, 'mmseg', 'no-such-mmsegmentation-dist')
+    with pytest.raises(Exception, match='not installed'):
+        Config.fromfile(config)
+    cfg = read_config(config)
+    assert cfg.model.type == 'EncoderDecoder' and cfg.model.decode_head.type == 'FPNHead'
+    assert config_utils.MODULE2PACKAGE['mmseg'] == 'no-such-mmsegmentation-dist'
+    assert config_utils.MODULE2PACKAGE['mmdet'] == 'mmdet'
+
+
 def _metafile_entry(path):
     """The model-zoo entry of a config (configs/<task>/metafile.yml), or None."""
     import yaml
@@ -51,7 +69,7 @@ def _metafile_entry(path):
 @pytest.mark.slow
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
 def test_config_builds_and_runs_forward(path):
-    cfg = Config.fromfile(path)
+    cfg = read_config(path)
     assert cfg.custom_imports['imports'][0] == 'inline_mm'
     backbone = cfg.model.backbone
     assert backbone.type in SHRINK

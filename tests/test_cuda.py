@@ -22,8 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from conftest import REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, free_port, scalars, tool_env, \
     toy_det_options
-from mmengine.config import Config
 
+from inline_mm.engine.launch import read_config
 from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
 
 sys.path.insert(0, os.path.join(REPO_ROOT, 'tools', 'analysis'))
@@ -254,7 +254,7 @@ def test_training_benchmark_precisions_on_the_gpu(mmcv_cuda_ops):
     neck only, the RoI heads in fp32."""
     from mmengine.optim import AmpOptimWrapper
     from mmengine.registry import init_default_scope
-    cfg = Config.fromfile(TOY_DET_CONFIG)
+    cfg = read_config(TOY_DET_CONFIG)
     init_default_scope('mmdet')
     model = benchmark_train.build(cfg, 'cuda')
     inner, roi_in = [], []
@@ -359,7 +359,7 @@ def test_inference_autocast_on_the_gpu_is_fp16_in_backbone_and_neck(mmcv_cuda_op
 
     from inline_mm.engine.amp import enable_inference_autocast
     init_default_scope('mmdet')
-    model = benchmark_train.build(Config.fromfile(TOY_DET_CONFIG), 'cuda').eval()
+    model = benchmark_train.build(read_config(TOY_DET_CONFIG), 'cuda').eval()
     inner, roi_in = [], []
     record_dtypes(first_linear(model.backbone), inner)
     model.roi_head.bbox_roi_extractor.register_forward_pre_hook(

@@ -17,6 +17,7 @@ import pytest
 from conftest import REPO_ROOT, TOY_DET_CONFIG, free_port, tool_env, toy_det_options
 from mmengine.config import Config
 
+from inline_mm.engine.launch import read_config
 from inline_mm.datasets import make_coco_toy
 from inline_mm.engine import data_checks
 from inline_mm.errors import DataError
@@ -27,7 +28,7 @@ BENCHMARK = os.path.join(REPO_ROOT, 'tools', 'analysis', 'benchmark_startup.py')
 
 def toy_config(root: str) -> Config:
     """The toy detector on ``root``: val and test name the same annotation file."""
-    cfg = Config.fromfile(TOY_DET_CONFIG)
+    cfg = read_config(TOY_DET_CONFIG)
     for split in ('train', 'val', 'test'):
         cfg[f'{split}_dataloader'].dataset.data_root = root + '/'
     return cfg
@@ -337,7 +338,7 @@ def test_type_over_the_in_place_wrapper_is_one_config_error(tmp_path, recipe, ta
 
     from inline_mm.errors import ConfigError, MissingFileError
     nowhere = str(tmp_path / 'nowhere') + '/'
-    stale = Config.fromfile(recipe)
+    stale = read_config(recipe)
     stale.merge_from_dict({'train_dataloader.dataset.type': dataset_type,
                            'train_dataloader.dataset.data_root': nowhere})
     # the independent evidence that the config is broken: the dataset refuses the key
@@ -355,10 +356,10 @@ def test_type_over_the_in_place_wrapper_is_one_config_error(tmp_path, recipe, ta
     assert f"write dataset_type='{dataset_type}' instead of type='{dataset_type}'" in message
     assert 'add _delete_=True to train_dataloader.dataset' in message
     # the two fixes the message names: past the config check, to the (missing) data folder
-    fixed = Config.fromfile(recipe)
+    fixed = read_config(recipe)
     fixed.merge_from_dict({'train_dataloader.dataset.dataset_type': dataset_type,
                            'train_dataloader.dataset.data_root': nowhere})
-    replaced = Config.fromfile(recipe)
+    replaced = read_config(recipe)
     replaced.merge_from_dict({'train_dataloader.dataset': dict(
         _delete_=True, type=dataset_type, data_root=nowhere,
         pipeline=replaced.train_dataloader.dataset.pipeline)})
@@ -373,7 +374,7 @@ def test_truncated_label_map_stops_the_val_set_only(tmp_path):
     from inline_mm.datasets import make_ade_toy
     root = str(tmp_path / 'ade')
     make_ade_toy(root, num_train=3, num_val=2, image_size=64, seed=0)
-    cfg = Config.fromfile(SEG_RECIPE)
+    cfg = read_config(SEG_RECIPE)
     for split in ('train', 'val', 'test'):
         cfg[f'{split}_dataloader'].dataset.data_root = root + '/'
     data_checks.check_datasets(cfg)  # the intact set passes

@@ -143,9 +143,9 @@ UPERNETS = {
 def test_upernet_whole_parity(name, tmp_path):
     """UperNet (InLine-Swin-T; InLine-DeiT-S with MultiLevelNeck) exports whole with
     dynamic H / W: logits at the input size, onnxruntime equal to PyTorch."""
-    from mmengine.config import Config
+    from inline_mm.engine.launch import read_config
     config, change = UPERNETS[name]
-    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'seg', config))
+    cfg = read_config(osp.join(ROOT, 'configs', 'seg', config))
     cfg.merge_from_dict(dict(model=dict(
         change, decode_head=dict(channels=32), auxiliary_head=dict(channels=16))))
     path = str(tmp_path / 'upernet.py')

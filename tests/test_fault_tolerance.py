@@ -43,8 +43,8 @@ def with_faults(work, *fault_hooks):
     """
     if not fault_hooks:
         return CONFIG
-    from mmengine.config import Config
-    base = Config.fromfile(CONFIG)
+    from inline_mm.engine.launch import read_config
+    base = read_config(CONFIG)
     imports = list(base.custom_imports['imports']) + ['fault_hooks']
     hooks = [dict(h) for h in base.custom_hooks] + list(fault_hooks)  # indices kept
     path = work.rstrip(os.sep) + '_faults.py'

@@ -4,10 +4,10 @@ import pytest
 import torch
 from mmdet.structures import DetDataSample
 from mmdet.structures.mask import BitmapMasks
-from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from mmengine.structures import InstanceData
 
+from inline_mm.engine.launch import read_config
 import inline_mm  # noqa: F401
 
 BACKBONES = {
@@ -26,7 +26,7 @@ def _config(tmp_path, backbone):
         text[-1] = f'model = {BACKBONES[backbone]!r}'
     path = tmp_path / 'mask_rcnn_test.py'
     path.write_text('\n'.join(text) + '\n')
-    return Config.fromfile(str(path))
+    return read_config(str(path))
 
 
 def _sample(h=320, w=480):

@@ -189,7 +189,7 @@ def test_published_checkpoint_reproduces_the_logged_metrics_in_mmdet_test_tool(
 
 def test_publish_takes_the_ema_weights(run_dir, zoo_root, tmp_path):
     """A checkpoint saved with mmengine's EMAHook: the averaged weights are published."""
-    from mmengine.config import Config
+    from inline_mm.engine.launch import read_config
     from mmengine.hooks import EMAHook
     from mmengine.model import ExponentialMovingAverage
 
@@ -199,7 +199,7 @@ def test_publish_takes_the_ema_weights(run_dir, zoo_root, tmp_path):
     shutil.copytree(run_dir, work)
     path = work / f'iter_{ITERS}.pth'
     ckpt = load_checkpoint_file(str(path))
-    model = build_model(Config.fromfile(str(work / f'{TOY}.py')))
+    model = build_model(read_config(str(work / f'{TOY}.py')))
     model.load_state_dict(ckpt['state_dict'])
     ema = ExponentialMovingAverage(model, momentum=0.5)
     ema.update_parameters(model)  # the first update copies the weights
@@ -335,7 +335,7 @@ def _exported_env(root):
 
 
 def test_exported_configs_name_the_project_and_the_toolkit_bases_only(tmp_path):
-    from mmengine.config import Config
+    from inline_mm.engine.launch import read_config
     for toolkit, count in (('mmdet', 12), ('mmseg', 11)):
         root = _layout(tmp_path, toolkit)
         project = root / 'projects' / 'InLine'
@@ -344,7 +344,7 @@ def test_exported_configs_name_the_project_and_the_toolkit_bases_only(tmp_path):
         for path in configs:
             text = open(path).read()
             assert 'inline_mm' not in text and '::' not in text, path
-            cfg = Config.fromfile(path, import_custom_modules=False)
+            cfg = read_config(path, import_custom_modules=False)
             assert cfg.custom_imports.imports == ['projects.InLine.inline']
             assert cfg.model.backbone.type.startswith('InLine')
             dumped = cfg.pretty_text

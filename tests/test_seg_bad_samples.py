@@ -7,10 +7,10 @@ import os
 
 import pytest
 from conftest import REPO_ROOT
-from mmengine.config import Config
 from mmengine.logging import MMLogger
 from mmengine.registry import init_default_scope
 
+from inline_mm.engine.launch import read_config
 import inline_mm.engine  # noqa: F401  (registers SkipBadSamples)
 from inline_mm.datasets import make_ade_toy
 from inline_mm.engine.bad_samples import BadSampleLimitError
@@ -21,7 +21,7 @@ DET_RECIPES = sorted(glob.glob(os.path.join(REPO_ROOT, 'configs', 'det', '*.py')
 
 @pytest.mark.parametrize('path', SEG_RECIPES + DET_RECIPES, ids=os.path.basename)
 def test_every_recipe_trains_through_skip_bad_samples_in_place(path):
-    cfg = Config.fromfile(path)
+    cfg = read_config(path)
     seg = '/seg/' in path
     dataset_type = 'ADE20KDataset' if seg else 'CocoDataset'
     train = cfg.train_dataloader.dataset

@@ -60,64 +60,96 @@ def _the_one_message(out):
     return last
 
 
+#: the environment's own line (the suite runs on either), and the other one
+LINE = stack.check_stack() or stack.OPENMMLAB
+OTHER = next(line for line in stack.LINES if line is not LINE)
+#: a version inside each line's ranges, for faked distributions
+IN_RANGE = {stack.OPENMMLAB.name: {'mmcv': '2.1.0', 'mmdet': '3.3.0'},
+            stack.ONEDL.name: {'mmcv': '2.3.6', 'mmdet': '3.5.1'}}
+
+
+def _dist(component, line=LINE):
+    return line.requirements[component][0]
+
+
+def _named(component, version, line=LINE):
+    """How the message names a component: ``mmcv 2.3.6 (onedl-mmcv)``."""
+    dist = _dist(component, line)
+    return f'{component} {version}' + (f' ({dist})' if dist != component else '')
+
+
 def test_wrong_mmcv_version_stops_at_import(tmp_path):
-    _fake_dist(tmp_path, 'mmcv', '9.9.9', package='mmcv')
+    _fake_dist(tmp_path, _dist('mmcv'), '9.9.9', package='mmcv')
     message = _the_one_message(_import(tmp_path))
-    assert 'mmcv 9.9.9 is outside mmcv>=2.0,<2.2' in message
-    assert 'Fix: pip install "mmcv>=2.0,<2.2"' in message
+    assert f'{_named("mmcv", "9.9.9")} is outside {LINE.requirement("mmcv")}' in message
+    assert f'Fix: pip install "{LINE.requirement("mmcv")}"' in message
     # the rest of the stack is named as found
     assert f'mmdet {stack._find("mmdet").version}' in message
 
 
 def test_without_the_check_the_toolkit_fails_inside(tmp_path):
-    """The same environment, check skipped: the failure comes from inside mmdet / mmseg."""
-    _fake_dist(tmp_path, 'mmcv', '9.9.9', package='mmcv')
-    out = _import(tmp_path, INLINE_MM_SKIP_STACK_CHECK='1')
+    """The same environment, check skipped: the failure comes from inside mmdet / mmseg
+    (OpenMMLab's mmdet asserts its mmcv range at import; OneDL's imports and fails where
+    its models import mmcv's ops)."""
+    _fake_dist(tmp_path, _dist('mmcv'), '9.9.9', package='mmcv')
+    out = _import(tmp_path, 'import inline_mm; import mmdet.models',
+                  INLINE_MM_SKIP_STACK_CHECK='1')
     assert out.returncode != 0
     assert TOOLKIT_FILE.search(out.stderr), out.stderr[-3000:]
 
 
 def test_mixed_lines_are_named(tmp_path):
-    """OneDL's mmdet over OpenMMLab's mmcv / mmengine: the mix and the OneDL fix."""
-    _fake_dist(tmp_path, 'onedl-mmdetection', '3.5.1', package='mmdet', init='',
-               # OneDL's own version.py: the version comes from the metadata
-               version_py="from importlib.metadata import version\n"
-                          "__version__ = version('onedl-mmdetection')\n")
-    # OpenMMLab's mmdet metadata left out: the mmdet package is OneDL's alone
+    """The other line's mmdet over this line's mmcv / mmengine: the mix and the fix that
+    completes the toolkit's line (the toolkit is the user's choice)."""
+    version = IN_RANGE[OTHER.name]['mmdet']
+    dist = _dist('mmdet', OTHER)
+    if dist == 'mmdet':  # OpenMMLab's version.py holds the version
+        _fake_dist(tmp_path, dist, version, package='mmdet', init='',
+                   version_py=f'__version__ = {version!r}\n')
+    else:  # OneDL's version.py reads it from the metadata
+        _fake_dist(tmp_path, dist, version, package='mmdet', init='',
+                   version_py="from importlib.metadata import version\n"
+                              f"__version__ = version({dist!r})\n")
+    # this line's mmdet metadata left out: the mmdet package is the other line's alone
+    ours = _dist('mmdet').replace('-', '_') + '-*.dist-info'
     message = _the_one_message(_import(tmp_path, 'import sys; sys.modules["mmseg"] = None; '
-                                                 'import inline_mm', hide=['mmdet-*.dist-info']))
-    mmengine, mmcv = stack._find('mmengine').version, stack._find('mmcv').version
+                                                 'import inline_mm', hide=[ours]))
+    mmengine, mmcv = stack._find('mmengine').describe(), stack._find('mmcv').describe()
     assert ('a mix of the two lines, which share the import names (one line only): '
-            f'OpenMMLab\'s mmengine {mmengine}, OpenMMLab\'s mmcv {mmcv} with OneDL\'s '
-            'mmdet 3.5.1 (onedl-mmdetection)') in message
-    assert ('Fix: pip uninstall -y mmengine mmcv && pip install '
-            '"onedl-mmengine>=0.10.8,<0.11" "onedl-mmcv>=2.3,<2.4"') in message
+            f"{LINE.name}'s {mmengine}, {LINE.name}'s {mmcv} with {OTHER.name}'s "
+            f'{_named("mmdet", version, OTHER)}') in message
+    assert (f'Fix: pip uninstall -y {_dist("mmengine")} {_dist("mmcv")} && pip install '
+            f'"{OTHER.requirement("mmengine")}" "{OTHER.requirement("mmcv")}"') in message
 
 
 def test_two_distributions_of_one_package(tmp_path):
-    """onedl-mmcv installed over mmcv (its metadata beside mmcv's): both named."""
-    _fake_dist(tmp_path, 'onedl-mmcv', '2.3.6')
+    """The other line's mmcv metadata beside this line's: both named, this line kept."""
+    _fake_dist(tmp_path, _dist('mmcv', OTHER), IN_RANGE[OTHER.name]['mmcv'])
     message = _the_one_message(_import(tmp_path))
     assert '2 distributions install the one mmcv package (mmcv, onedl-mmcv)' in message
-    assert 'pip uninstall -y mmcv onedl-mmcv && pip install "mmcv>=2.0,<2.2"' in message
+    assert f'pip uninstall -y mmcv onedl-mmcv && pip install "{LINE.requirement("mmcv")}"' \
+        in message
 
 
 def test_package_files_of_another_version_than_the_metadata(tmp_path):
-    """A source folder of mmcv 2.0.0 first on the path, mmcv 2.1.0's metadata installed."""
+    """A source folder of mmcv 2.0.0 first on the path, the line's mmcv metadata installed."""
     (tmp_path / 'mmcv').mkdir()
     (tmp_path / 'mmcv' / '__init__.py').write_text("__version__ = '2.0.0'\n")
     message = _the_one_message(_import(tmp_path))
     installed = stack._find('mmcv').version
     assert (f'the mmcv package files in {tmp_path / "mmcv"} are version 2.0.0 but the metadata '
-            f'of mmcv says {installed}') in message
+            f'of {_dist("mmcv")} says {installed}') in message
 
 
 def test_mmcv_without_ops_stops_a_detection_environment(tmp_path):
-    _fake_dist(tmp_path, 'mmcv', '2.1.0', package='mmcv')
+    version = IN_RANGE[LINE.name]['mmcv']
+    _fake_dist(tmp_path, _dist('mmcv'), version, package='mmcv')
     out = _import(tmp_path, 'import sys; sys.modules["mmseg"] = None; import inline_mm')
     message = _the_one_message(out)
-    assert f'mmcv 2.1.0 has no compiled ops (mmcv._ext in {tmp_path / "mmcv"})' in message
-    assert 'MMCV_WITH_OPS=1 pip install --no-cache-dir "mmcv>=2.0,<2.2"' in message
+    assert (f'{_named("mmcv", version)} has no compiled ops (mmcv._ext in '
+            f'{tmp_path / "mmcv"})') in message
+    assert f'MMCV_WITH_OPS=1 pip install --no-cache-dir "{LINE.requirement("mmcv")}"' \
+        in message
 
 
 def test_no_toolkit_names_both_lines(tmp_path):

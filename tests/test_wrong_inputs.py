@@ -203,11 +203,11 @@ TOY_SEG = osp.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')
 
 def _build(config, tmp=None, **backbone):
     """The model of a config (random weights); ``backbone`` overrides via a copy in ``tmp``."""
-    from mmengine.config import Config
+    from inline_mm.engine.launch import read_config
 
     from inline_mm.deploy.onnx_export import build_model
     if backbone:
-        cfg = Config.fromfile(config)
+        cfg = read_config(config)
         cfg.merge_from_dict(dict(model=dict(backbone=backbone)))
         config = osp.join(str(tmp), osp.basename(config))
         cfg.dump(config)

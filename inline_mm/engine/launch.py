@@ -19,14 +19,17 @@ prints one ``error: ...`` line and exits with status 2; any other exception is
 a bug and keeps its traceback.
 """
 import argparse
+import contextlib
 import difflib
 import os
 import os.path as osp
 import re
 import sys
-from typing import Any, Callable, Iterable, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, TypeVar
 
 from mmengine.config import Config, DictAction
+from mmengine.config import utils as config_utils
+from mmengine.utils import is_installed
 
 from ..errors import ConfigError, MissingFileError, UserInputError
 
@@ -235,6 +238,40 @@ def _check_schedule_options(cfg: Config, options: dict) -> None:
                 f'{train_cfg[other]}): set train_cfg.{other}=N instead')
 
 
+@contextlib.contextmanager
+def toolkit_scopes_resolvable(scopes: Sequence[str] = ('mmdet', 'mmseg')) -> Iterator[None]:
+    """Let ``mmdet::`` / ``mmseg::`` bases resolve where the toolkit's distribution has
+    another name than mmengine expects.
+
+    mmengine reads a ``scope::path`` base from the distribution named in
+    ``mmengine.config.utils.MODULE2PACKAGE`` (``mmseg`` -> ``mmsegmentation``).  OneDL's
+    continuation ships ``onedl-mmsegmentation``: under its mmengine every ``mmseg::``
+    base stops with "mmsegmentation is not installed" although ``mmseg`` imports.  For
+    the duration of the block a scope whose distribution is missing but whose module
+    imports maps to the module (mmengine then finds it through ``find_spec``); the table
+    is restored afterwards, and nothing changes where the distribution is found.
+    """
+    table = config_utils.MODULE2PACKAGE
+    saved = dict(table)
+    try:
+        for scope in scopes:
+            package = table.get(scope)
+            if package and package != scope and not is_installed(package) \
+                    and is_installed(scope):
+                table[scope] = scope
+        yield
+    finally:
+        table.clear()
+        table.update(saved)
+
+
+def read_config(path: str, **kwargs) -> Config:
+    """``Config.fromfile`` with the toolkits' ``scope::`` bases resolvable on both lines
+    (see :func:`toolkit_scopes_resolvable`)."""
+    with toolkit_scopes_resolvable():
+        return Config.fromfile(path, **kwargs)
+
+
 def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = 'none'
                 ) -> Config:
     """Read a config file, apply ``--cfg-options`` and the launcher.
@@ -245,7 +282,7 @@ def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = '
     """
     if not osp.isfile(path):
         raise MissingFileError(f'config file not found: {path!r}')
-    cfg = Config.fromfile(path)
+    cfg = read_config(path)
     cfg.launcher = launcher
     if cfg_options:
         check_cfg_options(cfg, cfg_options)
