@@ -47,7 +47,8 @@ def test_mmseg_bases_resolve_where_the_distribution_has_another_name(monkeypatch
     importable ``mmseg`` and leaves the table as it was."""
     from mmengine.config import Config
     from mmengine.config import utils as config_utils
-    config = os.path.join(REPO_ROOT, 'configs', 'seg', 'fpn_inline-pvt-t_4xb4-80k_ade20k-512x512.py')
+    config = os.path.join(REPO_ROOT, 'configs', 'seg',
+                          'fpn_inline-pvt-t_4xb4-80k_ade20k-512x512.py')
     monkeypatch.setitem(config_utils.MODULE2PACKAGE, 'mmseg', 'no-such-mmsegmentation-dist')
     with pytest.raises(Exception, match='not installed'):
         Config.fromfile(config)
@@ -58,10 +59,11 @@ def test_mmseg_bases_resolve_where_the_distribution_has_another_name(monkeypatch
 
 
 def _metafile_entry(path):
-    """The model-zoo entry of a config (configs/<task>/metafile.yml), or None."""
+    """The model-zoo entry of a config (the metafile.yml of its folder: configs/<task>/ for
+    the full recipes, configs/<task>/toy/ for the toy ones), or None."""
     import yaml
     rel = os.path.relpath(path, REPO_ROOT)
-    with open(os.path.join(REPO_ROOT, 'configs', rel.split(os.sep)[1], 'metafile.yml')) as f:
+    with open(os.path.join(os.path.dirname(path), 'metafile.yml')) as f:
         models = yaml.safe_load(f)['Models']
     return next((m for m in models if m['Config'] == rel), None)
 
@@ -117,7 +119,8 @@ def test_config_builds_and_runs_forward(path):
 
 @pytest.mark.parametrize('task', ['det', 'seg'])
 def test_model_zoo_metafile_and_readme_agree(task):
-    """Every full config has a metafile entry; its FLOPs / params match the README table."""
+    """Every full config has a metafile entry; its FLOPs / params match the README table;
+    every toy config has one in the toy folder's metafile."""
     import re
 
     import yaml
@@ -128,10 +131,15 @@ def test_model_zoo_metafile_and_readme_agree(task):
         readme = f.read()
     full = sorted(os.path.basename(p) for p in glob.glob(os.path.join(folder, '*.py'))
                   if os.path.basename(p) != 'mask_rcnn_inline_pvt.py')  # an alias of PVT-T
-    toy = [m for m in models if '/toy/' in m['Config']]
-    models = [m for m in models if '/toy/' not in m['Config']]
+    # the toy configs only in the toy folder's metafile: a model index importing both lists
+    # each model once
+    assert not [m for m in models if '/toy/' in m['Config']]
     assert sorted(os.path.basename(m['Config']) for m in models) == full
+    with open(os.path.join(folder, 'toy', 'metafile.yml')) as f:
+        toy = yaml.safe_load(f)['Models']
     assert toy and all(os.path.isfile(os.path.join(REPO_ROOT, m['Config'])) for m in toy)
+    toy_configs = sorted(glob.glob(os.path.join(folder, 'toy', '*.py')))
+    assert [m['Config'] for m in toy] == [os.path.relpath(p, REPO_ROOT) for p in toy_configs]
     for m in models:
         flops, params = m['Metadata']['FLOPs'], m['Metadata']['Parameters']
         row = next(line for line in readme.splitlines()

@@ -4,6 +4,7 @@ import glob
 import hashlib
 import importlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -14,9 +15,10 @@ import pytest
 import torch
 import yaml
 
-from conftest import REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, scalars, tool_env, toy_det_options
+from conftest import REPO_ROOT, TOY_DET_CONFIG, scalars, tool_env, toy_det_options
 
 PUBLISH = os.path.join(REPO_ROOT, 'tools', 'model_zoo', 'publish.py')
+DEMO = os.path.join(REPO_ROOT, 'tools', 'demo.py')
 EXPORT = os.path.join(REPO_ROOT, 'tools', 'model_zoo', 'export_project.py')
 TOY = 'mask_rcnn_inline_pvt_toy'
 ITERS = 2
@@ -48,17 +50,25 @@ def _toolkit_dir(toolkit):
 
 
 @pytest.fixture(scope='module')
-def run_dir(tmp_path_factory, toy_root):
-    """A finished run of the toy detector (ITERS iterations, a final validation)."""
-    work = str(tmp_path_factory.mktemp('zoo') / 'run')
-    # val_interval = the schedule: mmengine 0.10.3 validates at its multiples only (0.10.7
-    # also after the last iteration)
-    opts = toy_det_options(toy_root, **{'train_cfg.max_iters': ITERS,
-                                        'train_cfg.val_interval': ITERS,
-                                        'default_hooks.checkpoint.interval': ITERS})
-    proc = _run([TRAIN_TOOL, TOY_DET_CONFIG, '--work-dir', work, *opts])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return work
+def demo(tmp_path_factory):
+    """The main job's own run (tools/demo.py, what ``make demo`` runs) on a small toy set:
+    ITERS iterations between its untrained and trained evaluations."""
+    root = tmp_path_factory.mktemp('demo')
+    work, data = str(root / 'work'), str(root / 'data')
+    proc = _run([DEMO, '--task', 'det', '--work-dir', work, '--data-dir', data,
+                 '--iters', str(ITERS), '--num-train', '8', '--num-val', '2',
+                 '--image-size', '128', '--num-vis', '1'])
+    # 1: trained no better than untrained, expected after ITERS iterations (said so)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    assert proc.returncode == 0 or 'did not improve' in proc.stderr, proc.stderr[-3000:]
+    result = json.load(open(os.path.join(work, 'metrics.json')))
+    return dict(work=work, data=os.path.join(data, 'coco_toy'), result=result)
+
+
+@pytest.fixture(scope='module')
+def run_dir(demo):
+    """The demo's work dir: a finished run of the toy detector."""
+    return demo['work']
 
 
 @pytest.fixture
@@ -157,8 +167,17 @@ def test_publish_writes_checkpoint_entry_and_row(run_dir, published):
     old, new = before[metafile].decode().split('\n'), after[metafile].decode().split('\n')
     start = old.index(f'  - Name: {TOY}')
     assert new[:start + 4] == old[:start + 4]  # collection, Name, In Collection, Config
-    assert [ln for ln in old if ln not in new] == [
-        '      Iterations: 750', '    Results: []  # not trained yet']
+    # the entry (the file's last) keeps every key but the results, the weights and the
+    # measured metadata (the toy metafile holds the published demo run already)
+    measured = {'Iterations', 'Epochs', 'Training Time (s/iter)', 'inference time (ms/im)',
+                'Training Memory (GB)', 'Training Resources', 'Training Techniques'}
+    old_entry, new_entry = (yaml.safe_load(t)['Models'][0] for t in (before[metafile],
+                                                                      after[metafile]))
+    assert {k: v for k, v in new_entry['Metadata'].items() if k not in measured} == \
+        {k: v for k, v in old_entry['Metadata'].items() if k not in measured}
+    assert {k: v for k, v in new_entry.items() if k not in ('Results', 'Weights', 'Metadata')} \
+        == {k: v for k, v in old_entry.items() if k not in ('Results', 'Weights', 'Metadata')}
+    assert new_entry['Weights'] != old_entry.get('Weights')
     changed = [i for i, (a, b) in enumerate(zip(before[readme].decode().split('\n'),
                                                 after[readme].decode().split('\n'))) if a != b]
     assert len(changed) == 1
@@ -168,23 +187,24 @@ def test_publish_writes_checkpoint_entry_and_row(run_dir, published):
     assert row.endswith(f'| {box:.1f} / {mask:.1f} ([model]({link})) |'), row
 
 
-def test_published_checkpoint_reproduces_the_logged_metrics_in_mmdet_test_tool(
-        run_dir, published, toy_root, tmp_path):
-    """mmdet's own tools/test.py on the published file gives the metrics the run logged."""
+def test_published_checkpoint_reproduces_the_demo_metrics_in_mmdet_test_tool(
+        demo, published, tmp_path):
+    """mmdet's own tools/test.py on the published file gives the metrics the demo logged
+    and wrote into its metrics.json."""
     published = str(published['path'])
     test_tool = os.path.join(_toolkit_dir('mmdet'), 'tools', 'test.py')
-    opts = toy_det_options(toy_root)
+    opts = toy_det_options(demo['data'])
     # the config's custom_imports name inline_mm: importable where the package is not installed
     env = dict(tool_env(), PYTHONPATH=os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get('PYTHONPATH')) if p))
     proc = _run([test_tool, TOY_DET_CONFIG, published, '--work-dir', str(tmp_path / 't'), *opts],
                 env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    logged = _final_metrics(run_dir)
+    logged, trained = _final_metrics(demo['work']), demo['result']['trained']
     for kind in ('bbox', 'segm'):
         numbers = _coco_line(proc.stdout + proc.stderr, kind)
-        assert numbers == [logged[f'coco/{kind}_mAP{s}'] for s in
-                           ('', '_50', '_75', '_s', '_m', '_l')]
+        keys = [f'coco/{kind}_mAP{s}' for s in ('', '_50', '_75', '_s', '_m', '_l')]
+        assert numbers == [logged[k] for k in keys] == [trained[k] for k in keys]
 
 
 def test_publish_takes_the_ema_weights(run_dir, zoo_root, tmp_path):
@@ -367,13 +387,11 @@ def test_exported_configs_name_the_project_and_the_toolkit_bases_only(tmp_path):
 
 
 def test_exported_mmdet_project_trains_and_tests_with_mmdets_own_tools(
-        run_dir, published, tmp_path):
+        demo, published, tmp_path):
     """mmdet's tools/train.py and tools/test.py on the exported toy config, inline_mm
-    unimportable; test.py on the published checkpoint of the toy run gives its metrics."""
-    from inline_mm.datasets import make_coco_toy
+    unimportable; test.py on the published checkpoint of the demo gives its metrics."""
     root = _layout(tmp_path, 'mmdet')
-    make_coco_toy(str(root / 'data' / 'coco_toy'), num_train=8, num_val=2, image_size=128,
-                  seed=1)
+    shutil.copytree(demo['data'], root / 'data' / 'coco_toy')  # the demo's toy set
     config = 'projects/InLine/configs/toy/mask_rcnn_inline_pvt_toy.py'
     proc = _run(['-c', NO_INLINE_MM, 'tools/train.py', config, '--work-dir', 'work',
                  '--cfg-options', f'train_cfg.max_iters={ITERS}',
@@ -387,7 +405,7 @@ def test_exported_mmdet_project_trains_and_tests_with_mmdets_own_tools(
     proc = _run(['-c', NO_INLINE_MM, 'tools/test.py', config, published, '--work-dir', 'test'],
                 cwd=root, env=_exported_env(root))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    logged = _final_metrics(run_dir)
+    logged = _final_metrics(demo['work'])
     assert _coco_line(proc.stdout + proc.stderr, 'bbox') == [
         logged[f'coco/bbox_mAP{s}'] for s in ('', '_50', '_75', '_s', '_m', '_l')]
 

@@ -52,7 +52,18 @@ def parse_args(argv=None):
                         "bf16 units, detection fp32); bf16: autocast where the CPU has them")
     parser.add_argument('--num-vis', type=int, default=8,
                         help='validation images to draw predictions for')
+    data = parser.add_argument_group(
+        'a smaller toy set (a quick check of the pipeline; the targets hold for the defaults)')
+    data.add_argument('--num-train', type=int, help='training images (det 400, seg 1000)')
+    data.add_argument('--num-val', type=int, help='validation images (det 50, seg 40)')
+    data.add_argument('--image-size', type=int, help='image side in pixels (256)')
     return parser.parse_args(argv)
+
+
+def toy_set_args(args) -> dict:
+    """The generator's arguments the command line sets (the rest keep its defaults)."""
+    given = dict(num_train=args.num_train, num_val=args.num_val, image_size=args.image_size)
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def set_precision(cfg, task: str, choice: str) -> str:
@@ -86,7 +97,7 @@ def main(argv=None) -> int:
     os.chdir(ROOT)  # the configs use paths relative to the repository
     data_root = osp.join(args.data_dir, task['data'])
     print(f'[demo] dataset: {data_root}', flush=True)
-    summary = task['make'](data_root, progress=True)
+    summary = task['make'](data_root, progress=True, **toy_set_args(args))
     print(f"[demo] {summary['num_images']} images, classes {summary['classes']}", flush=True)
 
     cfg = load_config(task['config'])
