@@ -18,8 +18,9 @@ from .stack import check_stack
 # with one message (versions, ranges, the pip fix) instead of a traceback inside a toolkit
 check_stack()
 
-from .checkpoint import allow_mmengine_checkpoints, load_pretrained  # noqa: E402
+from .checkpoint import allow_mmengine_checkpoints  # noqa: E402
 from .models import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin  # noqa: E402
+from .models.pretrained import load_pretrained  # noqa: E402
 from .registry import available_toolkits, register_model  # noqa: E402
 
 __version__ = '0.1.0'

@@ -5,7 +5,7 @@
   arch its keys look like, unless ``strict=False``;
 * ``inline2mm.py --family`` must agree with the keys; nothing is written otherwise;
 * a whole detector / segmentor checkpoint must fit the model of the config
-  (:func:`inline_mm.checkpoint.check_checkpoint_fits`), and files that are no
+  (:func:`inline_mm.engine.model_fit.check_checkpoint_fits`), and files that are no
   checkpoint at all (text, HTML, Git LFS pointer, empty, truncated) say what they are;
 * ``tools/deployment/infer_onnx.py`` refuses an ONNX file that is not the
   config's whole segmentor.
@@ -26,10 +26,11 @@ import torch
 from conftest import DATA_DIR, REPO_ROOT
 
 from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
-from inline_mm.checkpoint import (check_checkpoint_fits, load_checkpoint_file, looks_like,
-                                  preset_structures)
+from inline_mm.checkpoint import load_checkpoint_file
 from inline_mm.engine.launch import cli_main
+from inline_mm.engine.model_fit import check_checkpoint_fits
 from inline_mm.errors import CheckpointError, CheckpointMismatchError
+from inline_mm.models.pretrained import looks_like, preset_structures
 from inline_mm.models.converters import convert, key_structure
 
 TSV_DIR = osp.join(DATA_DIR, 'official_state_dicts')

@@ -12,7 +12,8 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from inline_mm.checkpoint import check_checkpoint_fits, mmengine_checkpoint_globals  # noqa: E402
+from inline_mm.checkpoint import mmengine_checkpoint_globals  # noqa: E402
+from inline_mm.engine.model_fit import check_checkpoint_fits  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
 from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import draw_predictions, task_of  # noqa: E402

@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import inline_mm.engine  # noqa: E402,F401  (SegTestVisualizationHook, DumpSegResults)
-from inline_mm.checkpoint import check_checkpoint_fits  # noqa: E402
+from inline_mm.engine.model_fit import check_checkpoint_fits  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
 from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
                                      load_config, run_with_runner, set_local_rank)

@@ -19,6 +19,8 @@ from typing import Any, Dict, Optional, Tuple
 
 from mmengine.logging import print_log
 
+from ..checkpoint import load_checkpoint_file
+
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint or the ``last_checkpoint`` pointer could not be written."""
@@ -44,7 +46,6 @@ def checkpoint_problem(path: str) -> Optional[str]:
             with zipfile.ZipFile(path) as z:
                 bad = z.testzip()
             return None if bad is None else f'corrupt member {bad}'
-        from ..checkpoint import load_checkpoint_file
         load_checkpoint_file(path)
         return None
     except Exception as err:  # any read failure means "do not resume from it"

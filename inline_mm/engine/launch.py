@@ -32,6 +32,7 @@ from mmengine.config import utils as config_utils
 from mmengine.utils import is_installed
 
 from ..errors import ConfigError, MissingFileError, UserInputError
+from .model_fit import check_pretrained_files
 
 T = TypeVar('T')
 
@@ -338,7 +339,7 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         check_data: run :func:`~inline_mm.engine.data_checks.check_datasets`
             (on process 0 of a multi-process job, its verdict shared).
         check_pretrained: then refuse an absent backbone ``init_cfg`` checkpoint
-            (:func:`~inline_mm.checkpoint.check_pretrained_files`; training reads it).
+            (:func:`~inline_mm.engine.model_fit.check_pretrained_files`; training reads it).
 
     Returns:
         What ``action`` returns.
@@ -353,7 +354,6 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         if check_data:
             check_datasets_once(cfg, loaders)
         if check_pretrained:  # before the Runner writes the work dir and its log
-            from ..checkpoint import check_pretrained_files
             check_pretrained_files(cfg.get('model'))
         runner = Runner.from_cfg(cfg)
         result = action(runner)

@@ -193,7 +193,7 @@ def softmax_counterpart(backbone: dict) -> Tuple[str, dict]:
         ValueError: the backbone has no softmax counterpart in mmdet.
     """
     import inline_mm
-    from inline_mm.models.backbones.base import resolve_arch
+    from inline_mm.models.backbones.arch import resolve_arch
     kind = str(backbone.get('type', '')).split('.')[-1]
     classes = {'InLinePVT': inline_mm.InLinePVT, 'InLineSwin': inline_mm.InLineSwin}
     if kind not in classes:

@@ -19,7 +19,8 @@ from typing import Optional
 
 import torch
 
-from inline_mm.checkpoint import extract_state_dict, load_checkpoint_file, looks_like
+from inline_mm.checkpoint import load_checkpoint_file
+from inline_mm.models.pretrained import extract_state_dict, looks_like
 from inline_mm.engine.launch import cli_main
 from inline_mm.errors import CheckpointError, CheckpointMismatchError
 from inline_mm.models.converters import CONVERTERS, FAMILY_CLASSES, convert, detect_family

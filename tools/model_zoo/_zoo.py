@@ -332,7 +332,7 @@ def read_run(work_dir: str, root: str = ROOT, which: str = 'last') -> Run:
 
 def check_loads_into_model(run: Run) -> None:
     """Refuse weights that do not load into the model of the run's config (strict)."""
-    from inline_mm.checkpoint import check_checkpoint_fits
+    from inline_mm.engine.model_fit import check_checkpoint_fits
     from inline_mm.engine.runner_utils import build_model
     model = build_model(run.cfg)
     check_checkpoint_fits(model, run.checkpoint_path)

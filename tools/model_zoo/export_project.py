@@ -105,8 +105,8 @@ PACKAGE_INIT = '''"""InLine (injective linear attention) backbones, from inline-
 Importing this module registers InLinePVT, InLineSwin, InLineCSWin and InLineDeiT in
 {toolkit}'s model registry (configs: ``custom_imports = dict(imports=['{module}'])``).
 """
-from .checkpoint import load_pretrained
 from .models import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
+from .models.pretrained import load_pretrained
 
 __all__ = ['InLinePVT', 'InLineSwin', 'InLineCSWin', 'InLineDeiT', 'load_pretrained']
 '''

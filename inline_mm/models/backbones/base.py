@@ -1,7 +1,6 @@
-"""What the four InLine backbones share: arch presets, attn_type parsing, the
-OpenMMLab backbone contract (out_indices, frozen_stages, with_cp, init_cfg),
-``torch.compile`` of the backbone alone and checkpoint loading."""
-import re
+"""What the four InLine backbones share: the OpenMMLab backbone contract
+(out_indices, frozen_stages, with_cp, init_cfg), ``torch.compile`` of the backbone
+alone and checkpoint loading (the structural arguments: :mod:`.arch`)."""
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -12,12 +11,11 @@ from mmengine.model import BaseModule
 from timm.layers import trunc_normal_
 from torch import Tensor
 
+from ...errors import ConfigError, MissingFileError
 from ..layers import symbolic
 from ..layers.inline_attention import tokens_to_grid
-from ..layers.windows import Window, to_window
-from ...errors import ConfigError, MissingFileError
-
-WindowSpec = Union[str, int, Sequence, None]
+from ..pretrained import load_pretrained
+from .arch import FAMILIES
 
 #: What ``compile=True`` means: one graph (a graph break is an error) with symbolic
 #: input sizes, so a new image size reuses the compiled code.
@@ -38,102 +36,6 @@ def compile_options(compile: Union[bool, dict, None], cls_name: str) -> Optional
         return {**COMPILE_DEFAULTS, **compile}
     raise ConfigError(f'compile of {cls_name} is True, False or a dict of torch.compile '
                       f"arguments (e.g. dict(mode='max-autotune')), got {compile!r}")
-
-
-def resolve_arch(cls_name: str, arch: Union[str, dict], settings: Dict[str, dict],
-                 overrides: dict) -> dict:
-    """Start from an arch preset (or a full dict) and apply explicit overrides."""
-    if isinstance(arch, str):
-        if arch not in settings:
-            raise ConfigError(f"unknown arch {arch!r} for {cls_name}: choose one of "
-                              f"{', '.join(settings)} or pass a dict of structural arguments")
-        cfg = dict(settings[arch])
-    elif isinstance(arch, dict):
-        cfg = dict(arch)
-    else:
-        raise ConfigError(f'arch of {cls_name} is a preset name or a dict, '
-                          f'got {type(arch).__name__}')
-    cfg.update({k: v for k, v in overrides.items() if v is not None})
-    return cfg
-
-
-def check_stage_lists(cls_name: str, cfg: dict, per_stage: Sequence[str]) -> int:
-    """The number of stages (``len(depths)``), checking every per-stage list against it."""
-    num_stages = len(cfg['depths'])
-    if num_stages < 1:
-        raise ConfigError(f'depths of {cls_name} is empty: give one block count per stage')
-    for name in per_stage:
-        value = cfg.get(name)
-        if isinstance(value, (list, tuple)) and len(value) != num_stages:
-            raise ConfigError(f'{name} of {cls_name} has {len(value)} entries but depths '
-                              f'{list(cfg["depths"])} has {num_stages} stages: give one per stage')
-    return num_stages
-
-
-def parse_attn_type(attn_type: Union[str, Sequence[str]], depths: Sequence[int],
-                    allowed: str, cls_name: str) -> List[List[str]]:
-    """Expand the reference's attn_type into one ``'I'`` / ``'S'`` per block.
-
-    One letter a stage: ``'I'`` InLine, ``'S'`` softmax, ``'M'`` mixed (InLine in
-    the first k blocks of the stage, softmax after), with k written after the
-    stage letters as in the reference (``'IIMS2'``).  A list form
-    ``['I', 'I', 'M2', 'S']`` is accepted too.
-    """
-    num_stages = len(depths)
-    example = 'I' * num_stages
-    if isinstance(attn_type, str):
-        letters, suffix = attn_type[:num_stages], attn_type[num_stages:]
-        if len(letters) < num_stages or (suffix and not suffix.isdigit()):
-            raise ConfigError(
-                f'attn_type {attn_type!r} does not fit {cls_name}: give one letter per stage '
-                f'({num_stages} stages, e.g. {example!r}), followed by the InLine block count '
-                f"of an 'M' stage if there is one (e.g. 'IIMS2')")
-        stages = [c + (suffix if c == 'M' else '') for c in letters]
-        if suffix and 'M' not in letters:
-            raise ConfigError(f"attn_type {attn_type!r}: the trailing number is only allowed "
-                              f"with an 'M' stage")
-    else:
-        stages = list(attn_type)
-        if len(stages) != num_stages:
-            raise ConfigError(f'attn_type {attn_type!r} has {len(stages)} entries but {cls_name} '
-                              f'has {num_stages} stages')
-    per_block = []
-    for stage, (code, depth) in enumerate(zip(stages, depths)):
-        match = re.fullmatch(r'([IS])|M(\d+)', code)
-        if match is None or code[0] not in allowed:
-            raise ConfigError(f'attn_type {attn_type!r}: stage {stage} has {code!r}; {cls_name} '
-                              f"supports {', '.join(repr(a) for a in allowed)}"
-                              + (" ('M' needs its block count, e.g. 'IIMS2')" if code == 'M'
-                              else ''))
-        if match.group(1):
-            per_block.append([code] * depth)
-        else:
-            k = int(match.group(2))
-            per_block.append(['I' if i < k else 'S' for i in range(depth)])
-    return per_block
-
-
-def per_stage_windows(spec: WindowSpec, auto: Sequence[Window], name: str) -> List[Window]:
-    """Per-stage InLine windows.
-
-    ``'auto'``: ``auto`` (the family default); ``'global'`` / None: global in
-    every stage; an int or an ``(h, w)`` pair: that window in every stage; a
-    list with one entry per stage (int, pair, ``'global'`` or None).
-    """
-    n = len(auto)
-    if spec is None or spec == 'global':
-        return [(None, None)] * n
-    if spec == 'auto':
-        return list(auto)
-    if isinstance(spec, int) and not isinstance(spec, bool) and spec > 0:
-        return [(spec, spec)] * n
-    if isinstance(spec, (list, tuple)):
-        if len(spec) == 2 and all(s is None or isinstance(s, int) for s in spec):
-            return [(spec[0], spec[1])] * n
-        if len(spec) == n:
-            return [(None, None) if s in (None, 'global') else to_window(s) for s in spec]
-    raise ConfigError(f"{name} is 'auto', 'global', a positive int, an (h, w) pair or a list "
-                      f'of {n} of those (one per stage), got {spec!r}')
 
 
 def init_transformer_weights(module: nn.Module) -> None:
@@ -164,11 +66,20 @@ class InLineBackbone(BaseModule):
             its arguments over :data:`COMPILE_DEFAULTS`); compiled once, on the
             first forward pass, for every input size (see :func:`compile_options`).
         init_cfg: ``dict(type='Pretrained', checkpoint=PATH)`` loads an authors'
-            or an OpenMMLab checkpoint (see :func:`inline_mm.checkpoint.load_pretrained`;
+            or an OpenMMLab checkpoint (see :func:`inline_mm.models.pretrained.load_pretrained`;
             ``strict=False`` loads what fits from a checkpoint of another arch).
     """
 
     num_stages: int = 4
+    #: the family's name (``'pvt'``, ...): its class is kept in :data:`.arch.FAMILIES`
+    family: str = ''
+    #: the family's arch presets (the authors' variants)
+    arch_settings: Dict[str, dict] = {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.family and cls.family not in FAMILIES:  # the family's own class, not a subclass
+            FAMILIES[cls.family] = cls
 
     def __init__(self, out_indices: Sequence[int], frozen_stages: int, with_cp: bool,
                  init_cfg: Optional[dict], num_stages: int = 4,
@@ -270,7 +181,7 @@ class InLineBackbone(BaseModule):
 
         ``init_cfg`` may be one dict or a list (as mmdet configs often write
         it); other initialisers of the list run first through mmengine, the
-        ``Pretrained`` entry last through :func:`~inline_mm.checkpoint.load_pretrained`
+        ``Pretrained`` entry last through :func:`~inline_mm.models.pretrained.load_pretrained`
         (key conversion, table resizing, one summary in the log).
         """
         cfgs = self.init_cfg if isinstance(self.init_cfg, (list, tuple)) else [self.init_cfg]
@@ -289,7 +200,6 @@ class InLineBackbone(BaseModule):
             finally:
                 self.init_cfg = original
         cfg = pretrained[0]
-        from ...checkpoint import load_pretrained
         try:
             load_pretrained(self, cfg['checkpoint'], state_dict_key=cfg.get('state_dict_key'),
                             prefix=cfg.get('prefix'), logger=MMLogger.get_current_instance(),

@@ -13,8 +13,9 @@ from ..layers.inline_attention import (InLineCore, grid_to_tokens, tokens_to_gri
                                        zero_padded_tokens)
 from ..layers.softmax_attention import softmax_attention
 from ..layers.windows import Window, pad_image, run_in_windows
-from .base import (InLineBackbone, WindowSpec, check_stage_lists, parse_attn_type,
-                   per_stage_windows, resolve_arch)
+from .arch import (WindowSpec, check_stage_lists, parse_attn_type, per_stage_windows,
+                   resolve_arch)
+from .base import InLineBackbone
 
 
 def lepe_conv(dim: int) -> nn.Conv2d:
@@ -198,6 +199,7 @@ class InLineCSWin(InLineBackbone):
         out_indices, frozen_stages, with_cp, init_cfg: see :class:`InLineBackbone`.
     """
 
+    family = 'cswin'
     arch_settings: Dict[str, dict] = {
         'tiny': dict(embed_dims=64, depths=(2, 4, 18, 1), num_heads=(2, 4, 8, 16),
                      attn_type='IISS'),

@@ -10,7 +10,8 @@ from ...registry import register_model
 from ..converters import convert_deit
 from ..layers.blocks import PatchEmbed, TransformerBlock
 from ..layers.pos_embed import PosEmbedResizer
-from .base import InLineBackbone, resolve_arch
+from .arch import resolve_arch
+from .base import InLineBackbone
 
 
 @register_model
@@ -42,6 +43,7 @@ class InLineDeiT(InLineBackbone):
         with_cp, init_cfg: see :class:`InLineBackbone`.
     """
 
+    family = 'deit'
     arch_settings: Dict[str, dict] = {
         'tiny': dict(embed_dims=192, depth=12, num_heads=6, pretrain_img_size=224),
         'small': dict(embed_dims=320, depth=12, num_heads=10, pretrain_img_size=288),

@@ -11,8 +11,9 @@ from ..converters import convert_pvt
 from ..layers.blocks import PatchEmbed, TransformerBlock
 from ..layers.inline_attention import tokens_to_grid
 from ..layers.pos_embed import PosEmbedResizer
-from .base import (InLineBackbone, WindowSpec, check_stage_lists, parse_attn_type,
-                   per_stage_windows, resolve_arch)
+from .arch import (WindowSpec, check_stage_lists, parse_attn_type, per_stage_windows,
+                   resolve_arch)
+from .base import InLineBackbone
 
 _PVT_COMMON = dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16),
                    mlp_ratios=(8, 8, 4, 4), attn_type='IIII')
@@ -48,6 +49,7 @@ class InLinePVT(InLineBackbone):
         out_indices, frozen_stages, with_cp, init_cfg: see :class:`InLineBackbone`.
     """
 
+    family = 'pvt'
     arch_settings: Dict[str, dict] = {
         'tiny': dict(_PVT_COMMON, depths=(2, 2, 2, 2)),
         'small': dict(_PVT_COMMON, depths=(3, 4, 6, 3)),

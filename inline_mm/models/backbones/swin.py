@@ -8,8 +8,9 @@ from torch import Tensor
 from ...registry import register_model
 from ..converters import convert_swin
 from ..layers.blocks import PatchEmbed, PatchMerging, TransformerBlock
-from .base import (InLineBackbone, WindowSpec, check_stage_lists, parse_attn_type,
-                   per_stage_windows, resolve_arch)
+from .arch import (WindowSpec, check_stage_lists, parse_attn_type, per_stage_windows,
+                   resolve_arch)
+from .base import InLineBackbone
 
 
 class SwinStage(nn.Module):
@@ -51,6 +52,7 @@ class InLineSwin(InLineBackbone):
         out_indices, frozen_stages, with_cp, init_cfg: see :class:`InLineBackbone`.
     """
 
+    family = 'swin'
     arch_settings: Dict[str, dict] = {
         'tiny': dict(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24),
                      attn_type='IIIS'),

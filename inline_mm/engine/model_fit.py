@@ -11,9 +11,9 @@ from typing import Any
 
 from torch import nn
 
+from ..checkpoint import load_checkpoint_file
 from ..errors import CheckpointMismatchError, MissingFileError
-from .pretrained import StateDict, extract_state_dict, looks_like, structure_problems
-from .safe_load import load_checkpoint_file
+from ..models.pretrained import StateDict, extract_state_dict, looks_like, structure_problems
 
 
 #: top-level parts that tell the task of a model's state dict

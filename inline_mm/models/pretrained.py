@@ -10,12 +10,16 @@ its keys look like (:func:`looks_like`), unless ``strict=False``.
 """
 import logging
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from timm.layers import resize_rel_pos_bias_table
 from torch import Tensor, nn
 
+from ..checkpoint.safe_load import load_checkpoint_file
 from ..errors import CheckpointError, CheckpointMismatchError
-from .safe_load import load_checkpoint_file
+from .backbones.arch import FAMILIES, parse_attn_type
+from .converters import FAMILY_CLASSES, Structure, detect_family, key_structure
+from .layers.pos_embed import resize_pos_embed, square_grid
 
 StateDict = Dict[str, Tensor]
 
@@ -60,9 +64,6 @@ def adapt_to_model(state_dict: StateDict, model: nn.Module) -> Tuple[StateDict, 
     relative position bias tables resized (timm's helper).  Returns the adapted
     dict and a line per resized key.
     """
-    from timm.layers import resize_rel_pos_bias_table
-
-    from ..models.layers.pos_embed import resize_pos_embed, square_grid
     own = model.state_dict()
     out, notes = {}, []
     for key, value in state_dict.items():
@@ -92,18 +93,15 @@ def adapt_to_model(state_dict: StateDict, model: nn.Module) -> Tuple[StateDict, 
 
 
 # ---------------------------------------------------------------- which arch the keys are
-def preset_structures() -> Dict[Tuple[str, str], Any]:
+def preset_structures() -> Dict[Tuple[str, str], Structure]:
     """The :class:`~inline_mm.models.converters.Structure` of every arch preset.
 
     Keyed by ``(family, arch)``; read from the backbones' ``arch_settings``
-    (the authors' variants), without building a model.
+    (the authors' variants, :data:`~inline_mm.models.backbones.arch.FAMILIES`),
+    without building a model.
     """
-    from ..models import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
-    from ..models.backbones.base import parse_attn_type
-    from ..models.converters import Structure
     presets = {}
-    for family, cls in (('pvt', InLinePVT), ('swin', InLineSwin), ('cswin', InLineCSWin),
-                        ('deit', InLineDeiT)):
+    for family, cls in FAMILIES.items():
         for arch, setting in cls.arch_settings.items():
             if 'depth' in setting:  # a plain ViT: one stage
                 depths, dims = (setting['depth'],), (setting['embed_dims'],)
@@ -119,7 +117,6 @@ def preset_structures() -> Dict[Tuple[str, str], Any]:
 
 
 def _family_of(state_dict: StateDict) -> Optional[str]:
-    from ..models.converters import detect_family
     try:
         return detect_family(state_dict)
     except CheckpointError:
@@ -129,7 +126,6 @@ def _family_of(state_dict: StateDict) -> Optional[str]:
 def looks_like(state_dict: StateDict, family: Optional[str] = None) -> str:
     """What a backbone state dict's keys look like: ``"InLinePVT arch='small'"``, or its
     structure where no preset has it.  Empty when the family cannot be told."""
-    from ..models.converters import FAMILY_CLASSES, key_structure
     family = family or _family_of(state_dict)
     if family is None:
         return ''
@@ -171,7 +167,6 @@ def structure_problems(checkpoint: StateDict, own: StateDict) -> List[str]:
     compared block by block; tensors missing inside a block that both have are
     no problem here (they are reported as missing keys).
     """
-    from ..models.converters import FAMILY_CLASSES, key_structure
     ckpt_family, own_family = _family_of(checkpoint), _family_of(own)
     if own_family is None:
         return []
