@@ -120,7 +120,7 @@ def test_parity_measure_fails_on_nan_and_shape():
 def test_traced_adaptive_avg_pool_equals_torch(hw):
     """The exportable pyramid pooling computes PyTorch's bins, divisible or not,
     including maps smaller than the output (overlapping bins)."""
-    from inline_mm.models.layers.symbolic import adaptive_avg_pool2d
+    from inline_mm.deploy.traced_ops import adaptive_avg_pool2d
     x = torch.randn(2, 3, *hw)
     for size in (1, 2, 3, 6, (2, 5)):
         torch.testing.assert_close(adaptive_avg_pool2d(x, size),

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..errors import UserInputError
+from .traced_ops import adaptive_avg_pool2d
 
 #: What ``--part`` can export.
 PARTS = ('backbone', 'backbone_neck', 'model')
@@ -179,10 +180,9 @@ def _traceable_toolkit_ops() -> Iterator[None]:
       instead, the same output size for every input (``floor(size * factor)``).
     * ``nn.AdaptiveAvgPool2d`` to more than 1x1 (UperNet's pyramid pooling
       module) does not export with dynamic input sizes; during the export it
-      runs :func:`~inline_mm.models.layers.symbolic.adaptive_avg_pool2d`, the
+      runs :func:`~inline_mm.deploy.traced_ops.adaptive_avg_pool2d`, the
       same bins computed in the graph.
     """
-    from inline_mm.models.layers.symbolic import adaptive_avg_pool2d
     patches = []
     try:
         from mmseg.models.utils import Upsample
