@@ -6,6 +6,9 @@ import torch
 from conftest import requires_cpu_fp16
 
 from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
+from inline_mm.errors import ConfigError
+from inline_mm.models.layers import blocks as blocks_module
+from inline_mm.models.layers.attention_kind import AttentionKind
 from inline_mm.models.layers.blocks import TransformerBlock
 from inline_mm.models.layers.windows import run_in_windows
 
@@ -383,3 +386,50 @@ def test_stage_lists_must_match_depths():
                                          r'\[1, 1, 1\] has 3 stages'):
         InLinePVT(arch='tiny', depths=[1, 1, 1], embed_dims=[64, 128, 320],
                   mlp_ratios=[8, 8, 4], attn_type='III')
+
+
+def test_a_new_attention_kind_plugs_into_the_block(monkeypatch):
+    """The block asks the kind, not its letter: a kind registered in ATTENTION_KINDS
+    (here: every token takes the mean of the real tokens of its window) gets the block's
+    windows, its padding mask and no shift, with no change to the block."""
+    class WindowMean(torch.nn.Module, AttentionKind):
+        @classmethod
+        def for_block(cls, args):
+            assert (args.dim, args.num_heads, args.window) == (8, 2, (2, 2))
+            return cls()
+
+        def forward(self, x, window, valid=None, bias=None):
+            assert bias is None  # no region bias asked for
+            w = torch.ones(x.shape[:2]) if valid is None else valid.to(x.dtype)
+            mean = (x * w[..., None]).sum(1, keepdim=True) / w.sum(1)[:, None, None]
+            return mean.expand_as(x)
+
+    monkeypatch.setitem(blocks_module.ATTENTION_KINDS, 'A', WindowMean)
+    block = TransformerBlock(8, 2, attn_type='A', window=(2, 2), shift=1).eval()
+    assert block.shift == 0
+    x = torch.randn(1, 4 * 6, 8)
+    with torch.no_grad():
+        got = block(x, (4, 6))
+        # (r, c) -> window (r // 2, c // 2): the mean over each 2x2 window
+        y = block.norm1(x).view(1, 2, 2, 3, 2, 8).mean((2, 4), keepdim=True)
+        y = y.expand(1, 2, 2, 3, 2, 8).reshape(1, 24, 8)
+        expected = x + y
+        expected = expected + block.mlp(block.norm2(expected))
+    torch.testing.assert_close(got, expected)
+    # a 5x6 grid pads one row: the padded tokens do not count in the means
+    x = torch.randn(1, 5 * 6, 8)
+    with torch.no_grad():
+        got = block(x, (5, 6))
+        y = torch.nn.functional.pad(block.norm1(x).view(1, 5, 6, 8), (0, 0, 0, 0, 0, 1))
+        counts = torch.ones(1, 6, 6, 1)
+        counts[:, 5:] = 0
+        sums = (y * counts).view(1, 3, 2, 3, 2, 8).sum((2, 4), keepdim=True)
+        n = counts.view(1, 3, 2, 3, 2, 1).sum((2, 4), keepdim=True)
+        y = (sums / n).expand(1, 3, 2, 3, 2, 8).reshape(1, 6, 6, 8)[:, :5].reshape(1, 30, 8)
+        expected = x + y
+        expected = expected + block.mlp(block.norm2(expected))
+    torch.testing.assert_close(got, expected)
+    with pytest.raises(ConfigError, match="attn_type of a block is one of 'I', 'S', 'A', "
+                                          "got 'X'"):
+        TransformerBlock(8, 2, attn_type='X')
+

@@ -94,8 +94,10 @@ def ref_run_in_windows(x, window, fn, shift=0, need_bias=True):
     return torch.roll(out, sft, (1, 2))[:, :h, :w]
 
 
-def ref_window_attention(self, x, window, mask=None):
-    """Swin's WindowAttention with the scores written out."""
+def ref_window_attention(self, x, window, valid=None, bias=None):
+    """Swin's WindowAttention with the scores written out (the block interface's
+    arguments: ``valid`` unused, ``bias`` the region bias)."""
+    mask = bias(torch.float32) if callable(bias) else bias
     b, n, c = x.shape
     qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
     index = ref_relative_index(window, self.table_window)
@@ -186,7 +188,7 @@ def test_non_square_shifted_block_equals_reference(hw):
         got = block(x, hw)
         y = block.norm1(x).view(2, *hw, 32)
         y = ref_run_in_windows(y, (7, 5), lambda t, win, valid, mask: ref_window_attention(
-            block.attn, t, win, mask), shift=(3, 2)).reshape(x.shape)
+            block.attn, t, win, bias=mask), shift=(3, 2)).reshape(x.shape)
         expected = x + y
         expected = expected + block.mlp(block.norm2(expected))
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -203,8 +205,8 @@ def test_window_attention_single_call_equals_reference():
         keys = (torch.rand(3, 1, 49) < 0.3).float() * -100.
         for mask in (None, full, keys):
             expected = ref_window_attention(attn, x, (7, 7),
-                                            None if mask is None else mask.expand(3, 49, 49))
-            torch.testing.assert_close(attn(x, (7, 7), mask), expected, rtol=1e-5, atol=1e-5)
+                                            bias=None if mask is None else mask.expand(3, 49, 49))
+            torch.testing.assert_close(attn(x, (7, 7), bias=mask), expected, rtol=1e-5, atol=1e-5)
         # a clipped window indexes the centre of the same table
         x = torch.randn(4, 15, 32)
         torch.testing.assert_close(attn(x, (3, 5)), ref_window_attention(attn, x, (3, 5)),

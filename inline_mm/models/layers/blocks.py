@@ -1,5 +1,5 @@
 """Building blocks shared by the four families: patch embedding, merging, blocks."""
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -7,6 +7,7 @@ from timm.layers import DropPath, Mlp
 from torch import Tensor
 
 from . import symbolic
+from .attention_kind import AttentionKind, BlockArgs
 from .inline_attention import InLineAttention, grid_to_tokens
 from .softmax_attention import WindowAttention
 from .windows import Window, pad_image, pad_to_multiple, run_in_windows
@@ -101,19 +102,27 @@ class PatchMerging(nn.Module):
         return self.reduction(self.norm(x.view(b, -1, 4 * c))), out_hw
 
 
+#: the attention kinds of a block, by the letter of ``attn_type`` (the interface:
+#: :mod:`.attention_kind`); a new kind goes in here and in the families' allowed letters
+ATTENTION_KINDS: Dict[str, Type[AttentionKind]] = {'I': InLineAttention, 'S': WindowAttention}
+
+
 class TransformerBlock(nn.Module):
     """Pre-norm transformer block with InLine (``'I'``) or window softmax (``'S'``).
 
     Attention runs in windows of the token grid (:func:`run_in_windows`);
-    ``window=(None, None)`` is global.  InLine windows are never shifted (a
-    shifted InLine window would mix wrapped-around borders); softmax windows
-    take ``shift`` (an int or ``(sh, sw)``, in tokens per axis).
+    ``window=(None, None)`` is global.  The attention kind comes from
+    :data:`ATTENTION_KINDS`; whether its windows are shifted and whether it gets a
+    region bias are properties of the kind (InLine windows are never shifted: a
+    shifted InLine window would mix wrapped-around borders; softmax windows take
+    ``shift``, an int or ``(sh, sw)``, in tokens per axis).
 
     Args:
         dim, num_heads, mlp_ratio: block width, heads and MLP expansion.
-        attn_type: ``'I'`` (InLine) or ``'S'`` (Swin window softmax).
+        attn_type: a key of :data:`ATTENTION_KINDS`: ``'I'`` (InLine) or ``'S'``
+            (Swin window softmax).
         window: attention window in tokens, see :func:`to_window`.
-        shift: cyclic shift of softmax windows.
+        shift: cyclic shift of the windows of a kind that shifts.
         table_window: window of the relative position table (softmax only).
         qkv_bias, kernel_func, separate_q, num_prefix_tokens: see
             :class:`InLineAttention`; with prefix tokens the block is global.
@@ -129,41 +138,31 @@ class TransformerBlock(nn.Module):
                  num_prefix_tokens: int = 0, drop: float = 0., drop_path: float = 0.,
                  attn_drop: float = 0., norm_eps: float = 1e-5) -> None:
         super().__init__()
+        kind = ATTENTION_KINDS.get(attn_type)
+        if kind is None:
+            raise ConfigError(f'attn_type of a block is one of '
+                              f"{', '.join(repr(k) for k in ATTENTION_KINDS)}, got {attn_type!r}")
         self.attn_type = attn_type
         self.window = window
-        self.shift = shift if attn_type == 'S' else 0
+        self.shift = shift if kind.shifted_windows else 0
         self.num_prefix_tokens = num_prefix_tokens
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        if attn_type == 'I':
-            self.attn = InLineAttention(dim, num_heads, qkv_bias=qkv_bias,
-                                        kernel_func=kernel_func,
-                                        num_prefix_tokens=num_prefix_tokens,
-                                        separate_q=separate_q, attn_drop=attn_drop,
-                                        proj_drop=drop)
-        elif attn_type == 'S':
-            self.attn = WindowAttention(dim, num_heads, table_window or window,
-                                        qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=drop)
-        else:
-            raise ConfigError(f"attn_type of a block is 'I' or 'S', got {attn_type!r}")
+        self.attn = kind.for_block(BlockArgs(
+            dim, num_heads, window=window, table_window=table_window, qkv_bias=qkv_bias,
+            kernel_func=kernel_func, separate_q=separate_q, num_prefix_tokens=num_prefix_tokens,
+            attn_drop=attn_drop, proj_drop=drop))
         self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = TokenMlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=drop)
 
-    def _window_attention(self, windows: Tensor, window: Tuple[int, int],
-                          valid: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
-        if self.attn_type == 'I':
-            return self.attn(windows, window, valid)
-        return self.attn(windows, window, bias)
-
     def forward(self, x: Tensor, hw: Tuple[int, int]) -> Tensor:
         """``x``: ``(B, prefix + h * w, C)`` tokens on the ``hw`` grid."""
         y = self.norm1(x)
-        if self.num_prefix_tokens:
+        if self.num_prefix_tokens:  # global over the prefix tokens and the grid
             y = self.attn(y, hw)
         else:
             b, n, c = y.shape
-            y = run_in_windows(y.view(b, hw[0], hw[1], c), self.window,
-                               self._window_attention, self.shift,
-                               need_bias=self.attn_type == 'S').reshape(b, n, c)
+            y = run_in_windows(y.view(b, hw[0], hw[1], c), self.window, self.attn, self.shift,
+                               need_bias=self.attn.region_bias).reshape(b, n, c)
         x = x + self.drop_path(y)
         return x + self.drop_path(self.mlp(self.norm2(x)))

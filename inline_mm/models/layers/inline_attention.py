@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import symbolic
+from .attention_kind import AttentionKind, BlockArgs
 
 from ...errors import ConfigError
 
@@ -192,7 +193,7 @@ class InLineCore(nn.Module):
         return torch.cat([out[:, :p], out[:, p:] + local], dim=1)
 
 
-class InLineAttention(InLineCore):
+class InLineAttention(InLineCore, AttentionKind):
     """InLine attention with input / output projections (PVT, Swin, DeiT).
 
     Args:
@@ -207,7 +208,22 @@ class InLineAttention(InLineCore):
             (``attn_drop_rate``); InLine forms no attention matrix, so there is
             no attention weight to drop (the authors' InLine ignores it too).
         proj_drop: dropout after the output projection.
+
+    As an attention kind of :class:`~inline_mm.models.layers.blocks.TransformerBlock`
+    (``'I'``): windows are never shifted (a shifted InLine window would mix
+    wrapped-around borders) and padded tokens are masked out through ``valid``, not
+    through a region bias (InLine forms no score matrix).
     """
+
+    shifted_windows = False  # a shifted InLine window would mix wrapped-around borders
+    region_bias = False  # padding is masked through ``valid``
+
+    @classmethod
+    def for_block(cls, args: BlockArgs) -> 'InLineAttention':
+        return cls(args.dim, args.num_heads, qkv_bias=args.qkv_bias,
+                   kernel_func=args.kernel_func, num_prefix_tokens=args.num_prefix_tokens,
+                   separate_q=args.separate_q, attn_drop=args.attn_drop,
+                   proj_drop=args.proj_drop)
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True,
                  kernel_func: str = 'identity', num_prefix_tokens: int = 0,
@@ -223,9 +239,11 @@ class InLineAttention(InLineCore):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: Tensor, hw: Tuple[int, int], valid: Optional[Tensor] = None
-                ) -> Tensor:
-        """``x``: ``(B, N, C)`` normed tokens on an ``hw`` grid (after prefix tokens)."""
+    def forward(self, x: Tensor, hw: Tuple[int, int], valid: Optional[Tensor] = None,
+                bias: Optional[object] = None) -> Tensor:
+        """``x``: ``(B, N, C)`` normed tokens on an ``hw`` grid (after prefix tokens);
+        ``valid``: ``(B, N)`` real (not padded) tokens or None; ``bias`` is the block
+        interface's region bias, which InLine does not use."""
         if self.separate_q:
             q = self.q(x)
             k, v = self.kv(x).chunk(2, dim=-1)

@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from timm.layers import trunc_normal_
 from torch import Tensor
 
+from ...errors import ConfigError
 from . import symbolic
+from .attention_kind import AttentionKind, BlockArgs
 from .cache import CACHE
 
 
@@ -96,7 +98,7 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     return out.reshape(q.shape[0], heads, n, v.shape[-1])
 
 
-class WindowAttention(nn.Module):
+class WindowAttention(nn.Module, AttentionKind):
     """Swin window attention with a relative position bias (keys as the reference).
 
     Args:
@@ -106,7 +108,22 @@ class WindowAttention(nn.Module):
         qkv_bias: bias on the fused qkv projection.
         attn_drop: dropout on the attention weights.
         proj_drop: dropout after the output projection.
+
+    As an attention kind of :class:`~inline_mm.models.layers.blocks.TransformerBlock`
+    (``'S'``): windows may be shifted, and padding and shifted regions are kept apart
+    by the region bias.
     """
+
+    shifted_windows = True
+    region_bias = True
+
+    @classmethod
+    def for_block(cls, args: BlockArgs) -> 'WindowAttention':
+        if args.num_prefix_tokens:
+            raise ConfigError('window softmax attention has no prefix tokens (a cls '
+                              "token): use attn_type 'I' in such a backbone")
+        return cls(args.dim, args.num_heads, args.table_window or args.window,
+                   qkv_bias=args.qkv_bias, attn_drop=args.attn_drop, proj_drop=args.proj_drop)
 
     def __init__(self, dim: int, num_heads: int, table_window: Tuple[int, int],
                  qkv_bias: bool = True, attn_drop: float = 0., proj_drop: float = 0.) -> None:
@@ -148,15 +165,15 @@ class WindowAttention(nn.Module):
         bias = self.relative_position_bias_table[self._index(window).view(-1)]
         return bias.view(n, n, -1).permute(2, 0, 1)
 
-    def forward(self, x: Tensor, window: Tuple[int, int], mask: Optional[Tensor] = None
-                ) -> Tensor:
-        """``x``: ``(B * nW, wh * ww, C)`` window tokens; ``mask``: the region bias
+    def forward(self, x: Tensor, window: Tuple[int, int], valid: Optional[Tensor] = None,
+                bias: Optional[object] = None) -> Tensor:
+        """``x``: ``(B * nW, wh * ww, C)`` window tokens; ``bias``: the region bias
         ``(nW, N, N)`` / ``(nW, 1, N)`` or None, or a function of the scores' dtype
-        that returns it (:data:`~.windows.RegionBias`)."""
+        that returns it (:data:`~.windows.RegionBias`); ``valid`` is the block
+        interface's token mask, which the region bias already covers."""
         b, n, c = x.shape
         qkv = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if callable(mask):
-            mask = mask(qkv.dtype)
+        mask = bias(qkv.dtype) if callable(bias) else bias
         attn = softmax_attention(qkv[0], qkv[1], qkv[2], self.scale, self.position_bias(window),
                                  mask, self.attn_drop.p if self.training else 0.)
         out = attn.transpose(1, 2).reshape(b, n, c)
