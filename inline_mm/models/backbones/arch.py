@@ -78,7 +78,8 @@ def parse_attn_type(attn_type: Union[str, Sequence[str]], depths: Sequence[int],
                               f'has {num_stages} stages')
     per_block = []
     for stage, (code, depth) in enumerate(zip(stages, depths)):
-        match = re.fullmatch(r'([IS])|M(\d+)', code)
+        # one kind letter (a key of blocks.ATTENTION_KINDS), or 'M' with its count
+        match = re.fullmatch(r'([A-LN-Z])|M(\d+)', code)
         if match is None or code[0] not in allowed:
             raise ConfigError(f'attn_type {attn_type!r}: stage {stage} has {code!r}; {cls_name} '
                               f"supports {', '.join(repr(a) for a in allowed)}"
