@@ -5,6 +5,12 @@
 
 Detection configs draw boxes and masks; segmentation configs a colour-coded
 label map over the image.  The task comes from the config's default_scope.
+
+Why not the toolkits' ``DetInferencer`` / ``MMSegInferencer``: they load with
+mmengine's plain ``torch.load`` (refused by torch >= 2.6 for the full checkpoints
+training writes) and load a checkpoint of another model with ``strict=False``; this
+tool reads with ``weights_only=True``, refuses a checkpoint that does not fit the
+config, and has ``--amp``.
 """
 import argparse
 import os.path as osp

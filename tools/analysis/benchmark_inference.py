@@ -4,6 +4,10 @@
     python tools/analysis/benchmark_inference.py CONFIG [--checkpoint CKPT] --max-iter 200
     bash tools/dist_benchmark.sh CONFIG 8 --max-iter 200          # torchrun, 8 processes
 
+Why not the toolkits' own: mmdet's ``analysis_tools/benchmark.py`` moves the model
+to CUDA unconditionally and allows one process; mmseg's has no launcher, a fixed 200
+iterations of batch 1 and no data time.  This one runs on the CPU or GPUs, N processes.
+
 The detection speed benchmark as mmdet users run it: every process runs the
 model (test mode, batch size 1 by default) over its share of the test
 dataloader.  After ``--warmup`` iterations it records, per iteration, the time

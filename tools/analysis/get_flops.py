@@ -7,6 +7,11 @@
 
 ``--size`` is ``WIDTHxHEIGHT`` (as mmdet writes its scales) or ``N`` for ``NxN``.
 
+Why not the toolkits' own: mmseg's ``analysis_tools/get_flops.py`` raises on every
+config with mmengine 0.10.7 (it passes both ``input_shape`` and ``inputs``), mmdet's
+needs the validation set and averages real images at the sizes the pipeline pads to.
+This one counts at a given size, several configs at once, or the backbone alone.
+
 With several configs it also prints a Markdown table (config, params, FLOPs)
 and ``--out`` keeps every figure as JSON; the model-zoo FLOPs columns come from
 these runs.
