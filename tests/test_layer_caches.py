@@ -142,7 +142,7 @@ def test_compiled_swin_does_not_recompile_for_sizes_seen_before():
 
 def test_graph_mode_reads_no_cache(empty_cache, monkeypatch):
     monkeypatch.setattr(symbolic, 'in_graph', lambda: True)
-    monkeypatch.setattr(symbolic, 'is_tracing', lambda: False)
+    monkeypatch.setattr(symbolic, 'is_onnx_export', lambda: False)
     bias = region_bias((10, 16), (7, 7), (3, 3), torch.device('cpu'), torch.float32)
     assert bias.shape == (6, 49, 49) and len(empty_cache) == 0
 

@@ -22,7 +22,7 @@ def _chunk_on(x: Tensor) -> bool:
     best, and in a recorded graph (``torch.jit`` tracing for FLOP counts,
     ONNX export, ``torch.compile``) a loop over a size would freeze it.
     """
-    return (x.device.type == 'cpu' and not torch.jit.is_tracing()
+    return (x.device.type == 'cpu' and not symbolic.is_jit_tracing()
             and not symbolic.in_graph())
 
 

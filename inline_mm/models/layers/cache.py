@@ -91,7 +91,7 @@ class TensorCache:
         cached during inference is reused in training, where inference tensors
         cannot enter autograd.
         """
-        if symbolic.in_graph() or torch.jit.is_tracing():
+        if symbolic.in_graph() or symbolic.is_jit_tracing():
             # a jit trace (mmengine's FLOP counter) gives sizes as traced tensors: an entry
             # built then would hold a traced size (and make the byte count a tensor)
             return build()

@@ -160,7 +160,7 @@ class InLineCore(nn.Module):
         # channels-last map (a view of the tokens when B == 1).
         grid = zero_padded_tokens(v, valid).reshape(b, h, w, c).permute(1, 2, 0, 3)
         grid = grid.reshape(1, h, w, b * c).permute(0, 3, 1, 2)
-        if symbolic.is_tracing():  # ONNX Conv needs a kernel of static shape
+        if symbolic.is_onnx_export():  # ONNX Conv needs a kernel of static shape
             out = symbolic.depthwise_conv3x3(grid, weight.to(grid.dtype))
         else:
             out = F.conv2d(grid, weight.to(grid.dtype), padding=1, groups=b * c)

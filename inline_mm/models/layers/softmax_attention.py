@@ -58,7 +58,7 @@ def explicit_softmax() -> Iterator[None]:
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
             scale: float) -> Tensor:
-    if _EXPLICIT or torch.jit.is_tracing():
+    if _EXPLICIT or symbolic.is_jit_tracing():
         # A jit trace (mmengine's FLOP counter, ONNX export) records the matmuls: the
         # counter has no rule for the fused operator and would count it as 0 FLOPs.
         return _explicit_attention(q, k, v, attn_mask, dropout_p, scale)

@@ -24,13 +24,20 @@ from .partition import MASK_VALUE, round_up, window_partition
 Size = Union[int, Tensor]
 
 
-def is_tracing() -> bool:
+def is_onnx_export() -> bool:
     """True while ``torch.onnx.export`` records a graph.
 
     Other tracers (mmengine's FLOP counter traces with ``torch.jit``) keep the
     eager code, so they see the same operations as a real forward.
     """
     return torch.onnx.is_in_onnx_export()
+
+
+def is_jit_tracing() -> bool:
+    """True under any ``torch.jit`` trace: mmengine's FLOP counter and the ONNX export
+    (sizes are traced tensors then; caches and token chunking stay off, and the
+    softmax attention is written as matmuls the counter can count)."""
+    return torch.jit.is_tracing()
 
 
 _compiler = getattr(torch, 'compiler', None)
@@ -47,7 +54,7 @@ def is_compiling() -> bool:
 
 def in_graph() -> bool:
     """True while a graph is recorded (``torch.compile`` or ONNX export): no caches then."""
-    return is_compiling() or is_tracing()
+    return is_compiling() or is_onnx_export()
 
 
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],

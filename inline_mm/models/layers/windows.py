@@ -53,7 +53,7 @@ def clip_window(window: Window, hw: Tuple[int, int], shift: int | Tuple[int, int
         ((wh, ww), (sh, sw)): the effective window and shift in tokens.
     """
     shifts = (shift, shift) if isinstance(shift, int) else tuple(shift)
-    if symbolic.is_tracing():
+    if symbolic.is_onnx_export():
         return symbolic.clip_window(window, hw, shifts)
     win, out_shift = [], []
     for size, s, extent in zip(window, shifts, hw):
