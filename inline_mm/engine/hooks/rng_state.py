@@ -69,6 +69,13 @@ class _RestoreBeforeFetch:
         self._count += 1
         return next(self._iterator)
 
+    def skip_iter(self, num_iters: int) -> None:
+        """OneDL's mmengine replays the trained batches through the iterator's
+        ``skip_iter`` (a sampler fast-forward that loads no data) instead of ``skip``
+        calls of ``next``: they count as replayed all the same."""
+        self._iterator.skip_iter(num_iters)
+        self._count += num_iters
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith('_'):
             raise AttributeError(name)
