@@ -117,7 +117,8 @@ print('ok')
 '''
     out = _python(code)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip() == 'ok'
+    # OneDL's mmseg prints 'Could not import OneDL' where mmdet is absent
+    assert out.stdout.strip().splitlines()[-1] == 'ok', out.stdout
 
 
 def test_no_toolkit_gives_a_clear_error():
@@ -213,6 +214,10 @@ def _install_changes_only_inline_mm(python, project, extras):
 
 def test_install_into_an_openmmlab_environment_changes_nothing_else(tmp_path):
     """This environment (OpenMMLab's line) plus ``pip install -e .[all]``: only inline-mm."""
+    from inline_mm import stack
+    if stack.check_stack() is not stack.OPENMMLAB:
+        pytest.skip("this environment holds OneDL's line: the install into OpenMMLab's is "
+                    'tested in an environment of that line (make test, make test-compat)')
     python = _environment_over_this_one(tmp_path, INLINE_MM_ENTRIES)
     project = _project_copy(tmp_path)
     _install_changes_only_inline_mm(python, project, 'all')

@@ -65,13 +65,12 @@ def test_test_tool_refuses_unreadable_and_other_models_checkpoints(tmp_path):
     """tools/test.py: a text file, and a segmentor's checkpoint on a detector config
     (mmengine alone loads it with a warning and evaluates 0 mAP), stop before anything
     is written; train.py --resume with a text file too."""
-    from mmengine.config import Config as Cfg
-
+    from inline_mm.engine.launch import read_config
     from inline_mm.engine.runner_utils import build_model
     text = tmp_path / 'notes.pth'
     text.write_bytes(b'the weights are on the shared drive\n')
     seg = tmp_path / 'seg.pth'
-    torch.save({'state_dict': build_model(Cfg.fromfile(SEG_CONFIG)).state_dict(),
+    torch.save({'state_dict': build_model(read_config(SEG_CONFIG)).state_dict(),
                 'meta': {}}, str(seg))
     work = tmp_path / 'work'
     _one_error_line(_tool('test.py', DET_CONFIG, str(text), '--work-dir', str(work)),
