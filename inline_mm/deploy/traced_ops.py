@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-#: a size that is an int in eager mode and a traced tensor in a graph
-Size = Union[int, Tensor]
+from ..models.layers.symbolic import Size
 
 
 def adaptive_avg_pool2d(x: Tensor, output_size: Union[int, Tuple[int, int]]) -> Tensor:
