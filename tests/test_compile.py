@@ -1,13 +1,11 @@
 """torch.compile of the four backbone families: one graph, symbolic sizes, eager numbers.
 
 The backbones compile with ``fullgraph=True`` (a graph break is an error) and
-``dynamic=True``, and the compiled outputs and gradients equal the eager ones.
-InLine-PVT and InLine-DeiT (global attention) compile once for ten input sizes
-(odd, non-square, 1333x800, 2048x1024).  The windowed families (Swin, CSwin)
-compile to one graph too, but a new size can compile again: measured on torch
-2.14, a conv's CPU kernel choice depends on the number of windows (dynamo
-guards on it) and on whether a map is smaller than a window; those checks here
-are one graph and eager numbers at two sizes, not the compilation count.  The
+``dynamic=True``; the compiled outputs and gradients equal the eager ones, in
+fp32 and under bf16 autocast.  Every family compiles at most twice for ten input
+sizes (odd, non-square, 1333x800, 2048x1024): the windowed families (Swin,
+CSwin) compile a second time for maps of a single window or smaller than a
+window (224x224 here), where the window is clipped and the shift dropped.  The
 graphs run on dynamo's ``eager`` backend (what is checked is the capture;
 inductor's code generation takes minutes on a CPU and is timed by
 ``tools/analysis/benchmark.py --compile``).
@@ -41,10 +39,8 @@ FAMILIES = {
 # input's sides together, one compilation more), odd, padded and clipped windows
 SIZES = [(333, 517), (224, 224), (800, 1333), (517, 333), (1024, 2048), (257, 383),
          (480, 640), (401, 401), (608, 1088), (321, 225)]
-#: the families that compile once for all of SIZES; the windowed ones run WINDOWED_SIZES
-ONE_GRAPH = ('pvt', 'deit')
-WINDOWED_SIZES = [(333, 517), (800, 1333)]
-TRAIN_SIZES = [(333, 517), (800, 1333), (517, 333)]
+#: training: padded and unpadded windows, and a map of a single window (224x224)
+TRAIN_SIZES = [(333, 517), (800, 1333), (224, 224), (517, 333)]
 
 
 class CountingBackend:
@@ -70,27 +66,49 @@ def assert_close_rel(got, want, what: str) -> None:
         assert err <= 1e-5, f'{what} {i}: relative difference {err:.2e} > 1e-5'
 
 
-@pytest.mark.slow  # tens of seconds a family: dynamo traces with symbolic sizes
+def assert_at_most_two_graphs(backend: CountingBackend, sizes: list) -> None:
+    assert backend.graphs >= 1, 'the backbone did not go through torch.compile'
+    assert backend.graphs <= 2, f'{backend.graphs} compilations for {len(sizes)} sizes'
+
+
+@pytest.mark.slow  # up to two minutes a family: dynamo traces with symbolic sizes
 @pytest.mark.parametrize('family', list(FAMILIES))
 def test_compiled_eval_one_graph_eager_outputs(family):
     torch._dynamo.reset()
     backend = CountingBackend()
     model = build(family, compile=dict(backend=backend)).eval()
     eager = build(family).eval()
-    sizes = SIZES if family in ONE_GRAPH else WINDOWED_SIZES
     with torch.no_grad():
-        for hw in sizes:
+        for hw in SIZES:
             x = torch.randn(1, 3, *hw)
-            got = model(x)
-            assert_close_rel(got, eager(x), f'{family} at {hw}: output')
+            assert_close_rel(model(x), eager(x), f'{family} at {hw}: output')
     torch._dynamo.reset()
-    assert backend.graphs >= 1, 'the backbone did not go through torch.compile'
-    if family in ONE_GRAPH:
-        assert backend.graphs <= 2, f'{backend.graphs} compilations for {len(sizes)} sizes'
+    assert_at_most_two_graphs(backend, SIZES)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('family', ONE_GRAPH)
+@pytest.mark.parametrize('family', list(FAMILIES))
+def test_compiled_bf16_matches_eager_bf16(family):
+    """Under bf16 autocast (what --amp does on the CPU) the compiled backbone gives the
+    eager bf16 outputs; the graph is the fp32 one's with the autocast casts."""
+    torch._dynamo.reset()
+    backend = CountingBackend()
+    model = build(family, compile=dict(backend=backend)).eval()
+    eager = build(family).eval()
+    sizes = [(333, 517), (800, 1333), (517, 333)]
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        for hw in sizes:
+            x = torch.randn(1, 3, *hw)
+            for i, (a, b) in enumerate(zip(model(x), eager(x))):
+                assert a.dtype == b.dtype, (a.dtype, b.dtype)
+                err = ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+                assert err <= 2e-2, f'{family} at {hw}, output {i}: relative {err:.2e}'
+    torch._dynamo.reset()
+    assert backend.graphs == 1, f'{backend.graphs} compilations for {len(sizes)} sizes'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', list(FAMILIES))
 def test_compiled_training_matches_eager_gradients(family):
     torch._dynamo.reset()
     backend = CountingBackend()
@@ -108,8 +126,7 @@ def test_compiled_training_matches_eager_gradients(family):
                          [p.grad for n, p in eager.named_parameters() if p.grad is not None],
                          f'{family} at {hw}: gradient')
     torch._dynamo.reset()
-    assert 1 <= backend.graphs <= 2, \
-        f'{backend.graphs} compilations for {len(TRAIN_SIZES)} sizes'
+    assert_at_most_two_graphs(backend, TRAIN_SIZES)
 
 
 @pytest.mark.parametrize('value', ['yes', 1, ['fullgraph']])

@@ -9,8 +9,9 @@ from torch import Tensor
 from ...registry import register_model
 from ..converters import convert_cswin
 from ..layers.blocks import TokenMlp
-from ..layers.inline_attention import (InLineCore, grid_to_tokens, tokens_to_grid,
-                                       zero_padded_tokens)
+from ..layers import symbolic
+from ..layers.inline_attention import (InLineCore, depthwise_conv3x3_per_sample,
+                                       grid_to_tokens, tokens_to_grid, zero_padded_tokens)
 from ..layers.softmax_attention import softmax_attention
 from ..layers.windows import Window, pad_image, run_in_windows
 from .arch import (WindowSpec, check_stage_lists, parse_attn_type, per_stage_windows,
@@ -25,8 +26,19 @@ def lepe_conv(dim: int) -> nn.Conv2d:
 
 def apply_lepe(conv: nn.Conv2d, v: Tensor, window: Tuple[int, int],
                valid: Optional[Tensor]) -> Tensor:
-    """LePE of ``(B', N, C)`` window tokens; padded tokens count as zero padding."""
-    return grid_to_tokens(conv(tokens_to_grid(zero_padded_tokens(v, valid), window)))
+    """LePE of ``(B', N, C)`` window tokens; padded tokens count as zero padding.
+
+    In a recorded graph (``torch.compile``) the windows are folded into the channels
+    (:func:`depthwise_conv3x3_per_sample`, the kernel repeated per window): dynamo would
+    otherwise guard on the number of windows, on which the CPU convolution picks its
+    backend, and compile again for sizes on the other side.
+    """
+    v = zero_padded_tokens(v, valid)
+    if symbolic.is_compiling():
+        n = v.shape[0]
+        return depthwise_conv3x3_per_sample(v, window, conv.weight.repeat(n, 1, 1, 1),
+                                            conv.bias.repeat(n))
+    return grid_to_tokens(conv(tokens_to_grid(v, window)))
 
 
 def _in_windows(tensors: Sequence[Tensor], hw: Tuple[int, int], window: Window, fn,

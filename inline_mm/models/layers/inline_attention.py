@@ -105,6 +105,50 @@ def grid_to_tokens(x: Tensor) -> Tensor:
     return x.permute(0, 2, 3, 1).reshape(x.shape[0], -1, x.shape[1])
 
 
+def depthwise_conv3x3_per_sample(x: Tensor, hw: Tuple[int, int], weight: Tensor,
+                                 bias: Optional[Tensor] = None) -> Tensor:
+    """3x3 depthwise convolution (zero padding 1) of ``(B, h*w, C)`` tokens on their grid,
+    with ``weight`` ``(B * C, 1, 3, 3)``: a kernel per sample and channel.
+
+    One grouped convolution over all samples: the grid is laid out as ``(h, w, B, C)``,
+    so that the ``B * C`` groups are the channels of one channels-last map (a view of
+    the tokens when B == 1); the batch of the convolution is 1 whatever B is (under
+    ``torch.compile`` a convolution's CPU backend, and dynamo's guards, would follow
+    B, the number of windows).  ``bias``: ``(B * C,)`` or None.  Returns ``(B, h*w, C)``.
+    """
+    b, _, c = x.shape
+    h, w = hw
+    grid = x.reshape(b, h, w, c).permute(1, 2, 0, 3).reshape(1, h, w, b * c).permute(0, 3, 1, 2)
+    weight = weight.to(grid.dtype)
+    if symbolic.is_onnx_export():  # ONNX Conv needs a kernel of static shape
+        out = symbolic.depthwise_conv3x3(grid, weight)
+        out = out if bias is None else out + bias.to(out.dtype).view(1, -1, 1, 1)
+    else:
+        out = F.conv2d(grid, weight, None if bias is None else bias.to(grid.dtype), padding=1,
+                       groups=b * c)
+    return out.permute(0, 2, 3, 1).reshape(h, w, b, c).permute(2, 0, 1, 3).reshape(b, h * w, c)
+
+
+def grouped_pointwise(conv: nn.Conv1d, x: Tensor) -> Tensor:
+    """A grouped ``Conv1d`` of kernel size 1 applied to ``(B, C_in)``: ``(B, C_out)``.
+
+    The numbers of ``conv(x.unsqueeze(-1)).squeeze(-1)`` (autocast included: ``baddbmm``
+    runs in the reduced precision as the convolution does), as one batched matmul over
+    the groups.  Under ``torch.compile`` the convolution would pick its CPU backend by the
+    batch size (B = the number of windows), and dynamo would guard on it: one more
+    compilation whenever an input size crosses that threshold.
+    """
+    g, b = conv.groups, x.shape[0]
+    c_in, c_out = conv.in_channels // g, conv.out_channels // g
+    weight = conv.weight.view(g, c_out, c_in).transpose(1, 2)
+    x = x.reshape(b, g, c_in).transpose(0, 1)
+    if conv.bias is None:
+        y = torch.bmm(x, weight)
+    else:
+        y = torch.baddbmm(conv.bias.view(g, 1, c_out), x, weight)
+    return y.transpose(0, 1).reshape(b, g * c_out)
+
+
 class InLineCore(nn.Module):
     """InLine attention on already projected q / k / v, plus the local branch.
 
@@ -154,17 +198,10 @@ class InLineCore(nn.Module):
         b, _, c = v.shape
         h, w = hw
         mean = masked_token_mean(kernel_src, valid).to(v.dtype)
-        weight = self.residual(mean.unsqueeze(-1)).reshape(b * c, 1, 3, 3)
-        # One grouped convolution over all samples: lay the grid out as
-        # (h, w, B, C) so that the B*C groups are contiguous channels of a
-        # channels-last map (a view of the tokens when B == 1).
-        grid = zero_padded_tokens(v, valid).reshape(b, h, w, c).permute(1, 2, 0, 3)
-        grid = grid.reshape(1, h, w, b * c).permute(0, 3, 1, 2)
-        if symbolic.is_onnx_export():  # ONNX Conv needs a kernel of static shape
-            out = symbolic.depthwise_conv3x3(grid, weight.to(grid.dtype))
-        else:
-            out = F.conv2d(grid, weight.to(grid.dtype), padding=1, groups=b * c)
-        return out.permute(0, 2, 3, 1).reshape(h, w, b, c).permute(2, 0, 1, 3).reshape(b, h * w, c)
+        conv1, act, conv2 = self.residual
+        weight = grouped_pointwise(conv2, act(grouped_pointwise(conv1, mean)))
+        weight = weight.reshape(b * c, 1, 3, 3)
+        return depthwise_conv3x3_per_sample(zero_padded_tokens(v, valid), hw, weight)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, kernel_src: Tensor,
                hw: Tuple[int, int], valid: Optional[Tensor] = None) -> Tensor:

@@ -23,14 +23,19 @@ def window_partition(x: Tensor, window: Tuple[int, int]) -> Tensor:
     """``(B, H, W, C)`` with H, W multiples of the window -> ``(B * nW, wh * ww, C)``."""
     b, h, w, c = x.shape
     wh, ww = window
-    x = x.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, wh * ww, c)
+    nh, nw = h // wh, w // ww
+    x = x.view(b, nh, wh, nw, ww, c).permute(0, 1, 3, 2, 4, 5)
+    # every size spelled out (not -1): dynamo then guards only on whether the map is a
+    # single window, not on a divisibility
+    return x.reshape(b * nh * nw, wh * ww, c)
 
 
-def window_reverse(windows: Tensor, window: Tuple[int, int], hw: Tuple[int, int]) -> Tensor:
-    """Inverse of :func:`window_partition`: ``(B * nW, wh * ww, C)`` -> ``(B, H, W, C)``."""
+def window_reverse(windows: Tensor, window: Tuple[int, int], hw: Tuple[int, int],
+                   batch: int) -> Tensor:
+    """Inverse of :func:`window_partition`: ``(B * nW, wh * ww, C)`` -> ``(B, H, W, C)``
+    (``batch`` is B)."""
     wh, ww = window
     h, w = hw
     c = windows.shape[-1]
-    x = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, h, w, c)
+    x = windows.view(batch, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(batch, h, w, c)

@@ -156,7 +156,7 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn,
     if valid is not None:
         valid = valid.repeat(b, 1)
     out = fn(windows, win, valid, bias)
-    out = window_reverse(out, win, (hp, wp))
+    out = window_reverse(out, win, (hp, wp), b)
     if sft != (0, 0):
         out = torch.roll(out, shifts=sft, dims=(1, 2))
     if hp != h or wp != w:
@@ -172,7 +172,9 @@ def _run_traced(x: Tensor, hw: tuple, win: tuple, sft: tuple, valid: Optional[Te
     if shifted:
         x = symbolic.roll(x, (-sft[0], -sft[1]), (1, 2))
     out = fn(window_partition(x, win), win, valid.repeat(b, 1), bias)
-    out = window_reverse(out, win, (hp, wp))
+    out = window_reverse(out, win, (hp, wp), b)
     if shifted:
         out = symbolic.roll(out, sft, (1, 2))
-    return out[:, :hw[0], :hw[1]]
+    # a contiguous copy of the crop: the caller's reshape then needs no guard on whether
+    # anything was padded (a view or a copy), which would recompile for padded sizes
+    return out[:, :hw[0], :hw[1]].clone(memory_format=torch.contiguous_format)
