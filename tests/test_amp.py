@@ -284,3 +284,28 @@ def test_detector_trains_with_a_bf16_backbone_and_neck_on_the_cpu(toy_root, tmp_
     losses = runner.message_hub.get_scalar('train/loss').data[0]
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+@pytest.mark.parametrize('flags, expected', [
+    ('fpu sse4_2 avx2 fma', False),            # AVX2 only (a later processor's flags ignored)
+    ('avx2 avx512f avx512_bf16', True),        # AVX512-BF16
+    ('avx2 avx512f amx_bf16 amx_tile', True),  # AMX
+])
+def test_bf16_units_are_read_from_the_cpu_flags(tmp_path, flags, expected):
+    from inline_mm.engine.amp import cpu_has_fast_bf16
+    info = tmp_path / 'cpuinfo'
+    info.write_text(f'processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n'
+                    'processor\t: 1\nmodel name\t: Some CPU\nflags\t\t: avx512_bf16\n')
+    assert cpu_has_fast_bf16(str(info)) is expected
+    assert cpu_has_fast_bf16(str(tmp_path / 'missing')) is None  # no flags to read
+
+
+def test_bf16_units_agree_with_torchs_own_detection():
+    """torch's private queries, where this torch has them, as the independent check."""
+    from inline_mm.engine.amp import cpu_has_fast_bf16
+    checks = [getattr(torch.cpu, name, None)
+              for name in ('_is_avx512_bf16_supported', '_is_amx_tile_supported')]
+    checks = [c for c in checks if c is not None]
+    if not checks or not os.path.exists('/proc/cpuinfo'):
+        pytest.skip(f'torch {torch.__version__} has no bf16-unit query, or no /proc/cpuinfo')
+    assert cpu_has_fast_bf16() == any(c() for c in checks)

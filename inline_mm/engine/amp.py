@@ -31,6 +31,8 @@ from mmengine.registry import OPTIM_WRAPPERS
 from mmengine.structures import BaseDataElement
 from torch.utils.hooks import RemovableHandle
 
+from .cpu_info import BF16_UNIT_FLAGS, read_cpuinfo
+
 #: submodules a detector runs under autocast on the CPU (outputs back to fp32 for the heads)
 DETECTOR_PARTS: Tuple[str, ...] = ('backbone', 'neck')
 
@@ -58,21 +60,19 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if is_model_wrapper(model) else model
 
 
-def cpu_has_fast_bf16() -> Optional[bool]:
-    """Whether this CPU has bf16 matmul units torch uses (AVX512-BF16 or AMX); None if unknown.
+def cpu_has_fast_bf16(cpuinfo: str = '/proc/cpuinfo') -> Optional[bool]:
+    """Whether this CPU has bf16 matmul units (AVX512-BF16 or AMX); None if unknown.
 
     Without them torch's bf16 matmuls and convolutions fall back to scalar
     kernels, many times slower than fp32 (on an AVX2-only CPU a bf16 matmul
     runs at a few percent of the fp32 rate), so bf16 autocast slows training down.
-    torch has no public query of these units (``torch.backends.cpu.get_cpu_capability``
-    names the vector width only); its own private ones are read when present.
+    Read from the CPU's flags (:func:`~inline_mm.engine.cpu_info.read_cpuinfo`);
+    None where there are none to read (not Linux).
     """
-    checks = [getattr(torch.cpu, name, None)
-              for name in ('_is_avx512_bf16_supported', '_is_amx_tile_supported')]
-    checks = [c for c in checks if c is not None]
-    if not checks:
+    flags = read_cpuinfo(cpuinfo)[1]
+    if flags is None:
         return None
-    return any(c() for c in checks)
+    return any(f in flags for f in BF16_UNIT_FLAGS)
 
 
 def _warn_if_slow_bf16(dtype: DtypeLike) -> None:

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import os.path as osp
-import platform
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+from inline_mm.engine.cpu_info import CPU_FLAGS, read_cpuinfo  # noqa: E402
 from inline_mm.errors import ConfigError  # noqa: E402
 
 #: mmdet's softmax backbones with the settings of PVT-T / Swin-T, as mmdet configs
@@ -45,10 +45,6 @@ MMDET_BACKBONES = {
 }
 
 TORCH_DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
-
-#: the /proc/cpuinfo flags that decide which matmul kernels a CPU has
-CPU_FLAGS = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16', 'amx_tile')
-
 
 # ---------------------------------------------------------------- models
 class _ExplicitSoftmax(nn.Module):
@@ -243,24 +239,6 @@ def matmul_peak_gflops(dtype: str, device: str, n: int = 4096, repeats: int = 3,
     return 2 * n ** 3 / best_time(n, repeats) / 1e9, n
 
 
-def _cpuinfo() -> Tuple[Optional[str], Optional[set]]:
-    """(model name, flags) of the first processor of /proc/cpuinfo; (None, None) without it."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            text = f.read()
-    except OSError:
-        return platform.processor() or None, None
-    model, flags = None, None
-    for line in text.splitlines():
-        key, _, value = line.partition(':')
-        key = key.strip()
-        if key == 'model name' and model is None:
-            model = value.strip()
-        elif key == 'flags' and flags is None:
-            flags = set(value.split())
-    return model, flags
-
-
 def cpu_record(peaks: Optional[Dict[str, float]] = None,
                peak_sizes: Optional[Dict[str, int]] = None, n: int = 4096,
                repeats: int = 3) -> dict:
@@ -272,7 +250,7 @@ def cpu_record(peaks: Optional[Dict[str, float]] = None,
     with those threads (``n``-sized products, see :func:`matmul_peak_gflops`).
     A dtype in ``peaks`` (the tool's own CPU measurement of this run) is reused.
     """
-    model, flags = _cpuinfo()
+    model, flags = read_cpuinfo()
     peaks, sizes = dict(peaks or {}), dict(peak_sizes or {})
     for dtype in ('fp32', 'bf16'):
         if dtype not in peaks:
