@@ -134,9 +134,11 @@ def grouped_pointwise(conv: nn.Conv1d, x: Tensor) -> Tensor:
 
     The numbers of ``conv(x.unsqueeze(-1)).squeeze(-1)`` (autocast included: ``baddbmm``
     runs in the reduced precision as the convolution does), as one batched matmul over
-    the groups; used under ``torch.compile``, where the convolution would pick its CPU
-    backend by the batch size (B = the number of windows) and dynamo would guard on it:
-    one more compilation whenever an input size crosses that threshold.
+    the groups; used in eager mode and under ``torch.compile``, where the convolution
+    would pick its CPU backend by the batch size (B = the number of windows) and dynamo
+    would guard on it: one more compilation whenever an input size crosses that
+    threshold.  (Under ``torch.jit`` tracing, FLOP counting and ONNX, the convolutions
+    run: mmengine's counter counts them, not ``baddbmm``.)
     """
     g, b = conv.groups, x.shape[0]
     c_in, c_out = conv.in_channels // g, conv.out_channels // g
@@ -198,11 +200,11 @@ class InLineCore(nn.Module):
         b, _, c = v.shape
         h, w = hw
         mean = masked_token_mean(kernel_src, valid).to(v.dtype)
-        if symbolic.is_compiling():  # see grouped_pointwise: no guard on the batch
+        if symbolic.is_jit_tracing():  # the convolutions (what FLOP counters and ONNX know)
+            weight = self.residual(mean.unsqueeze(-1))
+        else:  # eager and compiled alike (see grouped_pointwise: no guard on the batch)
             conv1, act, conv2 = self.residual
             weight = grouped_pointwise(conv2, act(grouped_pointwise(conv1, mean)))
-        else:  # the convolutions themselves (what FLOP counters and ONNX know)
-            weight = self.residual(mean.unsqueeze(-1))
         weight = weight.reshape(b * c, 1, 3, 3)
         return depthwise_conv3x3_per_sample(zero_padded_tokens(v, valid), hw, weight)
 
