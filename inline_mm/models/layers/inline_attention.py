@@ -122,15 +122,15 @@ def depthwise_conv3x3_per_sample(x: Tensor, hw: Tuple[int, int], weight: Tensor,
     weight = weight.to(grid.dtype)
     if symbolic.is_onnx_export():  # ONNX Conv needs a kernel of static shape
         out = symbolic.depthwise_conv3x3(grid, weight)
-        out = out if bias is None else out + bias.to(out.dtype).view(1, -1, 1, 1)
     else:
-        out = F.conv2d(grid, weight, None if bias is None else bias.to(grid.dtype), padding=1,
-                       groups=b * c)
+        out = F.conv2d(grid, weight, padding=1, groups=b * c)
+    if bias is not None:
+        out = out + bias.to(out.dtype).view(1, -1, 1, 1)
     return out.permute(0, 2, 3, 1).reshape(h, w, b, c).permute(2, 0, 1, 3).reshape(b, h * w, c)
 
 
 def grouped_pointwise(conv: nn.Conv1d, x: Tensor) -> Tensor:
-    """A grouped ``Conv1d`` of kernel size 1 applied to ``(B, C_in)``: ``(B, C_out)``.
+    """A grouped ``Conv1d`` of kernel size 1 (with bias) applied to ``(B, C_in)``: ``(B, C_out)``.
 
     The numbers of ``conv(x.unsqueeze(-1)).squeeze(-1)`` (autocast included: ``baddbmm``
     runs in the reduced precision as the convolution does), as one batched matmul over
@@ -144,10 +144,7 @@ def grouped_pointwise(conv: nn.Conv1d, x: Tensor) -> Tensor:
     c_in, c_out = conv.in_channels // g, conv.out_channels // g
     weight = conv.weight.view(g, c_out, c_in).transpose(1, 2)
     x = x.reshape(b, g, c_in).transpose(0, 1)
-    if conv.bias is None:
-        y = torch.bmm(x, weight)
-    else:
-        y = torch.baddbmm(conv.bias.view(g, 1, c_out), x, weight)
+    y = torch.baddbmm(conv.bias.view(g, 1, c_out), x, weight)
     return y.transpose(0, 1).reshape(b, g * c_out)
 
 
@@ -198,7 +195,6 @@ class InLineCore(nn.Module):
         ``kernel_src`` over its real tokens.  Returns ``(B, h*w, C)``.
         """
         b, _, c = v.shape
-        h, w = hw
         mean = masked_token_mean(kernel_src, valid).to(v.dtype)
         if symbolic.is_jit_tracing():  # the convolutions (what FLOP counters and ONNX know)
             weight = self.residual(mean.unsqueeze(-1))
