@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from conftest import REPO_ROOT, TOY_DET_CONFIG, scalars, tool_env, toy_det_options
+from inline_mm.errors import ConfigError
 
 PUBLISH = os.path.join(REPO_ROOT, 'tools', 'model_zoo', 'publish.py')
 DEMO = os.path.join(REPO_ROOT, 'tools', 'demo.py')
@@ -291,6 +292,23 @@ def test_bad_runs_stop_with_one_line_each_and_change_nothing(run_dir, zoo_root, 
     assert _snapshot(zoo_root) == before  # the good run is not published either
     assert not out.exists()
     assert not glob.glob(os.path.join(run_dir, 'published'))
+
+
+def test_metafile_edit_that_does_not_read_back_is_refused():
+    """A rewrite that lost or changed something is named; it is an error, not an assert."""
+    text = open(os.path.join(REPO_ROOT, 'configs', 'det', 'metafile.yml')).read()
+    name = 'mask-rcnn_inline-swin-t_fpn_1x_coco'
+    results = [dict(Task='Object Detection', Dataset='COCO', Metrics={'box AP': 43.1})]
+    weights = 'https://example.org/zoo/x_20261201-0123abcd.pth'
+    new = metafile.set_metafile_entry(text, name, results, weights, {'Epochs': 12})
+    with pytest.raises(ConfigError, match=r'did not read back \(Weights, Metadata.Epochs '
+                                          r'differ.*nothing was written'):
+        metafile.check_metafile(text, new, name, results, weights + 'x', {'Epochs': 24})
+    other = yaml.safe_load(text)['Models'][0]['Name']
+    assert other != name
+    broken = new.replace(f'Name: {other}\n', f'Name: {other}-renamed\n', 1)
+    with pytest.raises(ConfigError, match=f'the entry {other}'):
+        metafile.check_metafile(text, broken, name, results, weights, {'Epochs': 12})
 
 
 def test_metafile_edit_keeps_every_other_entry_byte_for_byte():

@@ -138,18 +138,32 @@ def set_metafile_entry(text: str, name: str, results: List[dict], weights: str,
 
 def check_metafile(old: str, new: str, name: str, results: List[dict], weights: str,
                    metadata: Dict[str, Any]) -> None:
-    """Read ``new`` back: the entry holds what was written, every other entry is as in ``old``."""
+    """Read ``new`` back: the entry holds what was written, every other entry is as in ``old``.
+
+    Raises:
+        ConfigError: the edit did not read back (a metafile layout the line editor does
+            not handle); the caller writes nothing then.
+    """
     before, after = yaml.safe_load(old), yaml.safe_load(new)
     models_before = {m['Name']: m for m in before.get('Models') or []}
     models_after = {m['Name']: m for m in after.get('Models') or []}
     entry = models_after.get(name) or {}
-    assert entry.get('Results') == results and entry.get('Weights') == weights, \
-        f'metafile edit of {name} did not read back'
-    assert all(entry.get('Metadata', {}).get(k) == v for k, v in metadata.items()), \
-        f'metafile edit of {name} did not read back'
-    assert {k: v for k, v in models_after.items() if k != name} == \
-        {k: v for k, v in models_before.items() if k != name}, 'other entries changed'
-    assert after.get('Collections') == before.get('Collections'), 'collections changed'
+    wrong = []
+    if entry.get('Results') != results:
+        wrong.append('Results')
+    if entry.get('Weights') != weights:
+        wrong.append('Weights')
+    wrong += [f'Metadata.{k}' for k, v in metadata.items()
+              if (entry.get('Metadata') or {}).get(k) != v]
+    wrong += [f'the entry {k}' for k in sorted(set(models_before) | set(models_after))
+              if k != name and models_after.get(k) != models_before.get(k)]
+    if after.get('Collections') != before.get('Collections'):
+        wrong.append('Collections')
+    if wrong:
+        raise ConfigError(
+            f'rewriting the metafile entry {name} did not read back ({", ".join(wrong)} '
+            f'differ from what was meant): nothing was written; give the entry one key per '
+            f'line with two-space indents, or edit it by hand')
 
 
 def entry_fields(text: str, name: str) -> dict:
