@@ -118,7 +118,7 @@ else
   shopt -s nullglob
   wheels=("$WHEEL_DIR"/"$MMCV_STEM"-"$MMCV_VERSION"-*.whl)
   if (( ${#wheels[@]} == 0 )); then
-    say "no cached $MMCV_DIST wheel in $WHEEL_DIR: building $MMCV_DIST $MMCV_VERSION with ops from its sdist (about 8 minutes on 2 cores)"
+    say "no cached $MMCV_DIST wheel in $WHEEL_DIR: building $MMCV_DIST $MMCV_VERSION with ops from its sdist (about 15 minutes on 2 cores)"
     BUILD="$(mktemp -d)"
     trap 'rm -rf "$BUILD"' EXIT
     step "downloading the $MMCV_DIST $MMCV_VERSION sdist" \
