@@ -120,12 +120,12 @@ def depthwise_conv3x3_per_sample(x: Tensor, hw: Tuple[int, int], weight: Tensor,
     h, w = hw
     grid = x.reshape(b, h, w, c).permute(1, 2, 0, 3).reshape(1, h, w, b * c).permute(0, 3, 1, 2)
     weight = weight.to(grid.dtype)
+    bias = None if bias is None else bias.to(grid.dtype)
     if symbolic.is_onnx_export():  # ONNX Conv needs a kernel of static shape
         out = symbolic.depthwise_conv3x3(grid, weight)
-    else:
-        out = F.conv2d(grid, weight, padding=1, groups=b * c)
-    if bias is not None:
-        out = out + bias.to(out.dtype).view(1, -1, 1, 1)
+        out = out if bias is None else out + bias.view(1, -1, 1, 1)
+    else:  # the bias inside the convolution, one rounding as in nn.Conv2d (bf16)
+        out = F.conv2d(grid, weight, bias, padding=1, groups=b * c)
     return out.permute(0, 2, 3, 1).reshape(h, w, b, c).permute(2, 0, 1, 3).reshape(b, h * w, c)
 
 
