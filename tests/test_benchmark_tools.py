@@ -183,6 +183,20 @@ def test_softmax_counterpart_follows_the_backbone():
         benchmark_train.softmax_counterpart(read_config(CSWIN_T).model.backbone)
 
 
+def test_cswin_counterpart_is_cswin_t_with_softmax_everywhere():
+    from inline_mm.models.backbones.cswin import CSWinInLineAttention, LePEAttention
+    cswin = benchmark.build_backbone('cswin_t')
+    assert benchmark.COUNTERPARTS['cswin'] == ('inline_cswin_t', 'cswin_t')
+    kinds = {type(m) for m in cswin.modules()}
+    assert LePEAttention in kinds and CSWinInLineAttention not in kinds
+    assert [len(getattr(cswin, f'stage{i}')) for i in range(1, 5)] == [1, 2, 21, 1]
+    # the CSWin paper's CSWin-T: 23M parameters with its 1000-class head (768 x 1000 + 1000)
+    backbone_params = sum(p.numel() for p in cswin.parameters())
+    assert 21.5e6 < backbone_params + 769_000 < 23.5e6
+    feats = cswin(torch.randn(1, 3, 97, 131))  # any size, as the InLine family
+    assert [f.shape[1] for f in feats] == [64, 128, 256, 512]
+
+
 def test_bf16_training_runs_use_the_backbone_neck_autocast():
     cfg = read_config(DET_TOY)
     model = nn.Linear(2, 2)

@@ -7,9 +7,9 @@
 * the machine: the matmul peak per dtype (:func:`matmul_peak_gflops`) and the
   CPU record every result file carries (:func:`cpu_record`);
 * FLOP counts (:func:`count_macs`), the peak memory of one forward
-  (:func:`peak_memory_mb`) and the log-log slope of latency against pixels;
-* onnxruntime timings of a model exported at a fixed size
-  (:func:`time_onnxruntime_rows`).
+  (:func:`peak_memory_mb`) and the log-log slope of latency against pixels.
+
+The onnxruntime rows (a model exported at a fixed size) are in ``_bench_onnx.py``.
 
 Imported as ``_bench_common`` (the tools put their own folder on ``sys.path``).
 """
@@ -44,6 +44,11 @@ MMDET_BACKBONES = {
                          num_heads=[3, 6, 12, 24], window_size=7, init_cfg=None),
 }
 
+#: CSWin-T (Dong et al., 2022), the softmax network InLine-CSwin-T was made from, built
+#: from our blocks: the same stripes (1 / 2 / 7 / 7) with softmax in all four stages and
+#: CSWin-T's own depths; neither mmdet nor timm ships a CSWin
+CSWIN_T = dict(embed_dims=64, depths=(1, 2, 21, 1), num_heads=(2, 4, 8, 16), attn_type='SSSS')
+
 TORCH_DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 # ---------------------------------------------------------------- models
@@ -73,7 +78,8 @@ class _Features(nn.Module):
 
 def build_backbone(name: str) -> nn.Module:
     """Backbones by benchmark name: ``inline_{pvt,swin,cswin,deit}_{t,s,...}``,
-    ``mmdet_pvt_t``, ``mmdet_swin_t``, ``timm_deit_t`` (softmax counterparts);
+    ``mmdet_pvt_t``, ``mmdet_swin_t``, ``timm_deit_t``, ``cswin_t`` (softmax
+    counterparts; ``cswin_t`` is :data:`CSWIN_T`);
     ``inline_..+explicit``: the softmax blocks through explicit matmuls instead of
     ``scaled_dot_product_attention`` (same weights' arithmetic, for the comparison)."""
     import inline_mm
@@ -100,6 +106,8 @@ def build_backbone(name: str) -> nn.Module:
         module = importlib.import_module('inline_pvt')
         return _Features(module.inline_pvt_tiny(img_size=224, attn_type='IIII',
                                                 la_sr_ratios='1111'))
+    if name == 'cswin_t':  # CSWin-T itself: softmax stripes in every stage, its own depths
+        return inline_mm.InLineCSWin(arch=CSWIN_T)
     if name == 'timm_deit_t':
         from timm.models.vision_transformer import VisionTransformer
         # dynamic_img_pad: sizes that are not multiples of 16 (1333x800) are padded, as
@@ -108,7 +116,7 @@ def build_backbone(name: str) -> nn.Module:
                                  num_heads=3, num_classes=0, global_pool='',
                                  dynamic_img_size=True, dynamic_img_pad=True)
     raise ConfigError(f'unknown model {name!r}: use inline_<family>_<t|s|m|l|b>, mmdet_pvt_t, '
-                      f'mmdet_swin_t, timm_deit_t, or --config')
+                      f'mmdet_swin_t, timm_deit_t, cswin_t, or --config')
 
 
 def _whole_model_class():
@@ -390,58 +398,3 @@ def _child_peak(spec: str, size, batch: int, dtype: str, threads: int,
         model(x)
         peak = _status_kib('VmHWM')
     return json.dumps(dict(peak_mib=(peak - base) / 1024, params=num_params(model)))
-
-
-# ---------------------------------------------------------------- onnxruntime
-def onnx_part(spec: str, model: nn.Module) -> Tuple[nn.Module, str]:
-    """What ``--onnxruntime`` exports of a benchmarked model, and the part's name."""
-    from inline_mm.deploy.onnx_export import wrap_part
-    if not spec.endswith('.py'):
-        return wrap_part(model, 'backbone'), 'backbone'
-    part = 'model' if model.task == 'mmseg' else 'backbone_neck'
-    return wrap_part(model.model, part, model.task), part
-
-
-@contextmanager
-def _exportable_timm_vit() -> Iterator[None]:
-    """Export timm's dynamic-size ViT: its position table is resized per input with
-    antialiased bicubic interpolation, which has no ONNX operator; during the export
-    it is resized with plain bicubic interpolation (an upsampling here: the same cost,
-    values within the interpolation kernels' difference)."""
-    import functools
-
-    import timm.models.vision_transformer as vit
-    original = vit.resample_abs_pos_embed
-    vit.resample_abs_pos_embed = functools.partial(original, antialias=False)
-    try:
-        yield
-    finally:
-        vit.resample_abs_pos_embed = original
-
-
-def time_onnxruntime_rows(models: Dict[str, nn.Module], size, batch, warmup, repeats,
-                          threads, folder, progress) -> Dict[str, dict]:
-    """Export every model at ``size`` (fixed shape) and time it in onnxruntime.
-
-    Returns ``{spec: dict(part=..., times=[...], export_s=...)}``, or
-    ``dict(part=..., error=...)`` for a model that does not export.
-    """
-    from inline_mm.deploy import export_onnx, time_onnxruntime
-    results = {}
-    for spec, model in models.items():
-        module, part = onnx_part(spec, model)
-        name = osp.splitext(osp.basename(spec))[0]
-        path = osp.join(folder, f'{name}_{part}_{size[1]}x{size[0]}_b{batch}.onnx')
-        progress(f'  onnxruntime: {spec} ({part}) at {size[1]}x{size[0]} b{batch}')
-        try:
-            start = time.perf_counter()
-            with _exportable_timm_vit():
-                export_onnx(module, size, path, dynamic=False, batch=batch)
-            export_s = time.perf_counter() - start
-            times = time_onnxruntime(path, size, batch, warmup, repeats, threads)
-        except Exception as err:  # noqa: BLE001  (a model that does not export: keep the rest)
-            results[spec] = dict(part=part, error=f'{type(err).__name__}: {err}'.splitlines()[0])
-            progress(f'  onnxruntime: {spec} failed: {results[spec]["error"][:300]}')
-            continue
-        results[spec] = dict(part=part, times=times, export_s=export_s)
-    return results

@@ -67,14 +67,14 @@ import torch.nn as nn  # noqa: E402
 from _bench_common import (MMDET_BACKBONES, add_peak_args, autocast,  # noqa: E402,F401
                            build_backbone, build_from_config, count_macs, cpu_record,
                            cuda_missing, describe_cpu, latency_ms, load, matmul_peak_gflops,
-                           num_params, peak_memory_mb, precision, slope, sync,
-                           time_onnxruntime_rows)
+                           num_params, peak_memory_mb, precision, slope, sync)
+from _bench_onnx import time_onnxruntime_rows  # noqa: E402
 
 from inline_mm.engine.launch import add_cfg_options, add_size_option, format_size  # noqa: E402
 
 # family -> (InLine backbone, softmax counterpart name or None)
 COUNTERPARTS = {'pvt': ('inline_pvt_t', 'mmdet_pvt_t'), 'swin': ('inline_swin_t', 'mmdet_swin_t'),
-                'deit': ('inline_deit_t', 'timm_deit_t'), 'cswin': ('inline_cswin_t', None)}
+                'deit': ('inline_deit_t', 'timm_deit_t'), 'cswin': ('inline_cswin_t', 'cswin_t')}
 
 
 #: suffix of the spec of a model's ``torch.compile`` twin (``--compile``)
