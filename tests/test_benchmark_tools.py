@@ -313,3 +313,40 @@ def test_benchmark_compiled_rows_beside_eager(tmp_path, capsys):
     want = compiled['latency_ms']['median'] / eager['latency_ms']['median']
     assert next(r for r in ratios if r['size'] == '96x64')['latency'] == pytest.approx(want)
     assert out.count('compiled/eager') == 2 and results['compile_backend'] == 'eager'
+
+
+class _Raises(nn.Module):
+    def forward(self, x):
+        raise RuntimeError('Guard failed on the same frame it was created')
+
+
+class _GradMode(nn.Module):
+    """Records the autograd mode its forward ran in."""
+
+    def __init__(self):
+        super().__init__()
+        self.modes = set()
+
+    def forward(self, x):
+        self.modes.add((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+        return x
+
+
+def test_a_compiled_twin_that_fails_is_dropped_and_the_rest_timed():
+    eager = _GradMode()
+    models = {'m': eager, 'm' + benchmark.COMPILED: _Raises()}
+    times, first, errors = benchmark.time_models(models, (8, 8), 1, 'fp32', 'cpu', 1, 2,
+                                                 lambda msg: None)
+    assert set(times) == {'m'} and len(times['m']) == 2 and set(first) == {'m'}
+    assert errors == {'m+compiled': 'RuntimeError: Guard failed on the same frame it was '
+                      'created'}
+    assert set(models) == {'m'}  # the next sizes do not try it again
+    # beside a compiled twin, eager passes run under no_grad too (not inference_mode)
+    assert eager.modes == {(False, False)}
+    alone = _GradMode()
+    benchmark.time_models({'m': alone}, (8, 8), 1, 'fp32', 'cpu', 1, 1, lambda msg: None)
+    assert alone.modes == {(False, True)}
+    # an eager model that fails is the run's error, not a row
+    with pytest.raises(RuntimeError, match='Guard failed'):
+        benchmark.time_models({'m': _Raises()}, (8, 8), 1, 'fp32', 'cpu', 1, 1,
+                              lambda msg: None)

@@ -39,6 +39,9 @@ machine's matmul peak for that dtype, measured in the same run (best of a few
 ``torch.compile(dynamic=True)`` (inductor; runtime ``compiled``): one
 compilation serves every size, and the row's ``compile_s`` is the first pass
 at that size, compilation included; the table gives compiled / eager per row.
+All passes then run under ``torch.no_grad`` (eager too), not ``inference_mode``,
+and a compiled model that fails is a failed row (``failed_rows``), not the end
+of the run.
 
 ``--onnxruntime`` adds, for every fp32 row, an onnxruntime (CPU) row of the
 same model and size: the model is exported once per size with a fixed input
@@ -83,32 +86,55 @@ COMPILED = '+compiled'
 
 def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup, repeats,
                 progress: Callable[[str], None]
-                ) -> Tuple[Dict[str, List[float]], Dict[str, float]]:
+                ) -> Tuple[Dict[str, List[float]], Dict[str, float], Dict[str, str]]:
     """Per model the timed passes (interleaved) and the first warm-up pass, in seconds
     (a compiled model's compilation for this size and dtype happens there; without
-    warm-up passes it falls into the timed ones and ``first`` is empty)."""
+    warm-up passes it falls into the timed ones and ``first`` is empty), and the error
+    of every compiled twin that failed (removed from ``models``: the other rows go on).
+
+    With compiled twins every pass runs under ``torch.no_grad``, eager ones too (the
+    same mode for both): dynamo's guards fail on tensors made inside
+    ``torch.inference_mode`` (torch 2.14, mmdet's PVT: 'dispatch key set mismatch').
+    """
     x = torch.randn(batch, 3, *size, device=device)
     times = {name: [] for name in models}
-    first = {}
-    with torch.inference_mode():
-        for name, model in models.items():
-            with precision(model, dtype, device):
+    first, errors = {}, {}
+    grad_off = torch.no_grad if any(n.endswith(COMPILED) for n in models) else \
+        torch.inference_mode
+
+    def run(name: str) -> bool:
+        try:
+            models[name](x)
+            return True
+        except Exception as err:  # noqa: BLE001  (a compiled twin that fails: keep the rest)
+            if not name.endswith(COMPILED):
+                raise
+            errors[name] = f'{type(err).__name__}: {err}'.strip().splitlines()[0][:300]
+            progress(f'  {name} failed: {errors[name]}')
+            del models[name], times[name]
+            return False
+
+    with grad_off():
+        for name in list(models):
+            with precision(models[name], dtype, device):
                 for i in range(warmup):
                     t0 = time.perf_counter()
-                    model(x)
+                    if not run(name):
+                        break
                     sync(device)
                     if i == 0:
                         first[name] = time.perf_counter() - t0
         for r in range(repeats):  # interleaved: one pass of every model per round
-            for name, model in models.items():
-                with precision(model, dtype, device):
+            for name in list(models):
+                with precision(models[name], dtype, device):
                     sync(device)
                     t0 = time.perf_counter()
-                    model(x)
+                    if not run(name):
+                        continue
                     sync(device)
                 times[name].append(time.perf_counter() - t0)
             progress(f'  {format_size(size)} b{batch} {dtype}: round {r + 1}/{repeats}')
-    return times, first
+    return times, first, errors
 
 
 def plot(results: dict, path: str) -> None:
@@ -254,8 +280,11 @@ def measure(args, models: Dict[str, nn.Module], peaks: Dict[str, float]
             for size in args.sizes:
                 base = dict(height=size[0], width=size[1], pixels=size[0] * size[1],
                             batch=batch, dtype=dtype)
-                times, first = time_models(models, size, batch, dtype, args.device,
-                                           args.warmup, args.repeats, _progress)
+                times, first, errors = time_models(models, size, batch, dtype, args.device,
+                                                   args.warmup, args.repeats, _progress)
+                for name, error in errors.items():
+                    failed.append(dict(model=name[:-len(COMPILED)], **base, runtime='compiled',
+                                       error=error))
                 for name, ts in times.items():
                     spec = name[:-len(COMPILED)] if name.endswith(COMPILED) else name
                     row = dict(model=spec, **base, params=num_params(models[spec]),
@@ -391,7 +420,8 @@ def print_table(results: dict) -> None:
               f"{ratio['size']:>10s} b{ratio['batch']} {ratio['dtype']}: "
               f"latency {ratio['latency']:.2f}x")
     for row in results['failed_rows']:
-        print(f"onnxruntime {row['model']} at {row['width']}x{row['height']}: not exported "
+        what = 'not exported' if row['runtime'] == 'onnxruntime' else 'failed'
+        print(f"{row['runtime']} {row['model']} at {row['width']}x{row['height']}: {what} "
               f"({row['error'][:200]})")
     for key, value in results['slopes'].items():
         model, batch, dtype = key.rsplit('/', 2)  # config paths contain '/'
