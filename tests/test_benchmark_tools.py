@@ -350,3 +350,13 @@ def test_a_compiled_twin_that_fails_is_dropped_and_the_rest_timed():
     with pytest.raises(RuntimeError, match='Guard failed'):
         benchmark.time_models({'m': _Raises()}, (8, 8), 1, 'fp32', 'cpu', 1, 1,
                               lambda msg: None)
+
+
+def test_profile_writes_the_top_operators_of_each_model(tmp_path, capsys):
+    benchmark.main(['--models', 'inline_pvt_t', 'mmdet_pvt_t', '--sizes', '64', '--profile',
+                    '--no-flops', '--out', str(tmp_path)] + FAST)
+    files = sorted(p.name for p in (tmp_path / 'profile').iterdir())
+    assert files == ['inline_pvt_t_64x64_b1_fp32.txt', 'mmdet_pvt_t_64x64_b1_fp32.txt']
+    table = (tmp_path / 'profile' / 'inline_pvt_t_64x64_b1_fp32.txt').read_text()
+    assert 'Self CPU' in table and 'aten::' in table  # torch.profiler's operator table
+    assert 'profile: ' in capsys.readouterr().err

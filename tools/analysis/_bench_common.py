@@ -49,6 +49,10 @@ MMDET_BACKBONES = {
 #: CSWin-T's own depths; neither mmdet nor timm ships a CSWin
 CSWIN_T = dict(embed_dims=64, depths=(1, 2, 21, 1), num_heads=(2, 4, 8, 16), attn_type='SSSS')
 
+#: family -> (InLine backbone, softmax counterpart), as :func:`build_backbone` names them
+COUNTERPARTS = {'pvt': ('inline_pvt_t', 'mmdet_pvt_t'), 'swin': ('inline_swin_t', 'mmdet_swin_t'),
+                'deit': ('inline_deit_t', 'timm_deit_t'), 'cswin': ('inline_cswin_t', 'cswin_t')}
+
 TORCH_DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 # ---------------------------------------------------------------- models

@@ -7,13 +7,9 @@ pixels.  Imported as ``_bench_report`` (the tools put their own folder on ``sys.
 """
 from typing import Dict, List, Optional, Tuple
 
-from _bench_common import describe_cpu, slope
+from _bench_common import COUNTERPARTS, describe_cpu, slope
 
 from inline_mm.engine.launch import format_size
-
-#: family -> (InLine backbone, softmax counterpart name)
-COUNTERPARTS = {'pvt': ('inline_pvt_t', 'mmdet_pvt_t'), 'swin': ('inline_swin_t', 'mmdet_swin_t'),
-                'deit': ('inline_deit_t', 'timm_deit_t'), 'cswin': ('inline_cswin_t', 'cswin_t')}
 
 
 def plot(results: dict, path: str) -> None:

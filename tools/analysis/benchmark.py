@@ -72,17 +72,24 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 # (MMDET_BACKBONES, autocast, build_backbone, build_from_config, slope: used as benchmark.X)
-from _bench_common import (MMDET_BACKBONES, add_peak_args, autocast,  # noqa: E402,F401
-                           build_backbone, build_from_config, count_macs, cpu_record,
-                           cuda_missing, describe_cpu, latency_ms, load, matmul_peak_gflops,
+from _bench_common import (COUNTERPARTS, MMDET_BACKBONES, add_peak_args,  # noqa: E402,F401
+                           autocast, build_backbone, build_from_config, count_macs,
+                           cpu_record, cuda_missing, latency_ms, load, matmul_peak_gflops,
                            num_params, peak_memory_mb, precision, slope, sync)
 from _bench_onnx import time_onnxruntime_rows  # noqa: E402
-from _bench_report import COUNTERPARTS, plot, print_table, summarise  # noqa: E402
+from _bench_report import plot, print_table, summarise  # noqa: E402
 
 from inline_mm.engine.launch import add_cfg_options, add_size_option, format_size  # noqa: E402
 
 #: suffix of the spec of a model's ``torch.compile`` twin (``--compile``)
 COMPILED = '+compiled'
+
+
+def _grad_off(models: Dict[str, nn.Module]):
+    """``inference_mode``, or ``no_grad`` for all models where one is compiled (dynamo's
+    guards fail on tensors made inside ``inference_mode``: torch 2.14, mmdet's PVT)."""
+    compiled = any(name.endswith(COMPILED) for name in models)
+    return torch.no_grad() if compiled else torch.inference_mode()
 
 
 def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup, repeats,
@@ -94,14 +101,11 @@ def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup
     of every compiled twin that failed (removed from ``models``: the other rows go on).
 
     With compiled twins every pass runs under ``torch.no_grad``, eager ones too (the
-    same mode for both): dynamo's guards fail on tensors made inside
-    ``torch.inference_mode`` (torch 2.14, mmdet's PVT: 'dispatch key set mismatch').
+    same mode for both; see :func:`_grad_off`).
     """
     x = torch.randn(batch, 3, *size, device=device)
     times = {name: [] for name in models}
     first, errors = {}, {}
-    grad_off = torch.no_grad if any(n.endswith(COMPILED) for n in models) else \
-        torch.inference_mode
 
     def run(name: str) -> bool:
         try:
@@ -115,7 +119,7 @@ def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup
             del models[name], times[name]
             return False
 
-    with grad_off():
+    with _grad_off(models):
         for name in list(models):
             with precision(models[name], dtype, device):
                 for i in range(warmup):
@@ -145,13 +149,12 @@ def profile_models(models: Dict[str, nn.Module], size, batch, dtype, device, fol
     ``folder/<model>_<WxH>_b<batch>_<dtype>.txt``; returns the paths."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == 'cuda' else [])
-    grad_off = torch.no_grad if any(n.endswith(COMPILED) for n in models) else \
-        torch.inference_mode
     os.makedirs(folder, exist_ok=True)
     x = torch.randn(batch, 3, *size, device=device)
     paths = []
     for name, model in models.items():
-        with grad_off(), precision(model, dtype, device), profile(activities=activities) as prof:
+        with _grad_off(models), precision(model, dtype, device), \
+                profile(activities=activities) as prof:
             model(x)
             sync(device)
         path = osp.join(folder, f"{name.replace('/', '_')}_{format_size(size)}_b{batch}_"
