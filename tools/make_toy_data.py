@@ -16,26 +16,29 @@ A folder that already holds a complete set made with the same arguments is
 reused; ``--force`` regenerates it.
 """
 import argparse
-import importlib.util
+import importlib
 import os.path as osp
 import sys
 import time
+import types
 
 REPO_ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def _load_toy_data():
-    """Import ``inline_mm/datasets/toy_data.py`` on its own.
+    """Import ``inline_mm/datasets/toy_data.py`` (and the ``toy_scenes.py`` it draws with)
+    without the rest of the plugin.
 
-    The generator needs only numpy / OpenCV; loading the module by path
-    avoids importing the whole plugin (torch, mmdet, mmseg) just to draw
+    The generator needs only numpy / OpenCV; loading its two files as a package of
+    their own avoids importing the whole plugin (torch, mmdet, mmseg) just to draw
     images, and works from a plain checkout without installing it.
     """
-    path = osp.join(REPO_ROOT, 'inline_mm', 'datasets', 'toy_data.py')
-    spec = importlib.util.spec_from_file_location('inline_mm_toy_data', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    name = 'inline_mm_toy_data'
+    if name not in sys.modules:
+        package = types.ModuleType(name)  # a namespace for the relative import only
+        package.__path__ = [osp.join(REPO_ROOT, 'inline_mm', 'datasets')]
+        sys.modules[name] = package
+    return importlib.import_module(f'{name}.toy_data')
 
 
 def parse_args(argv=None) -> argparse.Namespace:

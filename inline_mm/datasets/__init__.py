@@ -1,8 +1,9 @@
 """Dataset helpers: deterministic synthetic COCO / ADE20K toy sets.
 
-:mod:`.toy_data` writes the sets (numpy + OpenCV only).  Importing this
-package also registers two thin dataset classes whose ``METAINFO`` names the
-toy classes, into whichever toolkit is installed, so configs can use them with
+:mod:`.toy_data` writes the sets, :mod:`.toy_scenes` draws their images (numpy + OpenCV
+only).  Importing this package also registers two thin dataset classes whose
+``METAINFO`` names the toy classes, into whichever toolkit is installed, so configs
+can use them with
 ``custom_imports=dict(imports=['inline_mm', 'inline_mm.datasets'])``:
 
 * ``ADEToyDataset`` (mmseg ``DATASETS``): needed because mmseg's
