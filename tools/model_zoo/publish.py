@@ -33,6 +33,7 @@ from typing import Dict, List, Tuple
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+import _entry  # noqa: E402
 import _metafile  # noqa: E402
 import _zoo  # noqa: E402
 
@@ -111,7 +112,7 @@ def prepare(work_dir: str, args) -> dict:
     """Everything one run publishes, in memory; raises UserInputError for a bad run."""
     run = _zoo.read_run(work_dir, args.root, args.checkpoint)
     _zoo.check_loads_into_model(run)
-    filename, data = _zoo.published_checkpoint(run)
+    filename, data = _entry.published_checkpoint(run)
     out_dir = args.out_dir or osp.join(work_dir, 'published')
     target = osp.join(out_dir, filename)
     weights = args.weights_url.format(filename=filename, name=run.name) if args.weights_url \
@@ -126,9 +127,9 @@ def prepare(work_dir: str, args) -> dict:
                                                         osp.dirname(readme))
     return dict(run=run, filename=filename, data=data, target=target, weights=weights,
                 metafile=metafile, entry=entry_name, readme=readme,
-                results=_zoo.results_of(run, dataset), metadata=_zoo.metadata_of(run),
+                results=_entry.results_of(run, dataset), metadata=_entry.metadata_of(run),
                 config_link=osp.relpath(osp.join(args.root, run.config), osp.dirname(readme)),
-                cell=_zoo.readme_cell(run, link))
+                cell=_entry.readme_cell(run, link))
 
 
 def edited_texts(jobs: List[dict]) -> Dict[str, Tuple[str, str]]:
