@@ -70,7 +70,6 @@ _GENERATOR_VERSION = 1
 _JPEG_QUALITY = 95
 _MIN_SIZE = 32
 
-
 ProgressArg = Union[bool, Callable[[int, int], None]]
 
 
@@ -117,8 +116,6 @@ def _check_root(root) -> str:
     if not isinstance(root, (str, os.PathLike)) or not str(root):
         raise ValueError(f'root must be a non-empty path, got {root!r}')
     return osp.abspath(os.fspath(root))
-
-
 
 
 # --------------------------------------------------------------------------
