@@ -39,6 +39,8 @@ machine's matmul peak for that dtype, measured in the same run (best of a few
 ``torch.compile(dynamic=True)`` (inductor; runtime ``compiled``): one
 compilation serves every size, and the row's ``compile_s`` is the first pass
 at that size, compilation included; the table gives compiled / eager per row.
+``--compile-static`` compiles with ``dynamic=False`` instead: static shapes, one
+compilation per size.
 All passes then run under ``torch.no_grad`` (eager too), not ``inference_mode``,
 and a compiled model that fails is a failed row (``failed_rows``), not the end
 of the run.
@@ -193,6 +195,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_peak_args(parser)
     parser.add_argument('--compile', action='store_true',
                         help='also time every model through torch.compile(dynamic=True)')
+    parser.add_argument('--compile-static', action='store_true',
+                        help='compile with dynamic=False: one compilation per input size, '
+                        'static shapes (default: dynamic=True, one for all sizes)')
     parser.add_argument('--compile-backend', default='inductor',
                         help="torch.compile's backend for --compile (default: inductor)")
     parser.add_argument('--profile', action='store_true',
@@ -258,7 +263,8 @@ def build_models(args) -> Dict[str, nn.Module]:
         models[spec].eval()  # not chained: mmdet's SwinTransformer.train() returns None
     if args.compile:  # inductor; graph breaks allowed: the softmax counterparts have some
         for spec in list(models):
-            models[spec + COMPILED] = torch.compile(models[spec], dynamic=True,
+            models[spec + COMPILED] = torch.compile(models[spec],
+                                                    dynamic=not args.compile_static,
                                                     backend=args.compile_backend)
     return models
 
@@ -349,6 +355,7 @@ def main(argv=None) -> dict:
                    warmup=args.warmup, repeats=args.repeats,
                    command=' '.join([osp.relpath(__file__)] + (argv or sys.argv[1:])),
                    compile_backend=args.compile_backend if args.compile else None,
+                   compile_dynamic=not args.compile_static if args.compile else None,
                    cfg_options=args.cfg_options,
                    flop_convention='gflop counts one multiply-add as 2 FLOPs',
                    matmul_peak_gflop_per_s=peaks, matmul_peak_size=peak_sizes,
