@@ -31,13 +31,12 @@ the same arguments return immediately.
 import json
 import os
 import os.path as osp
-import shutil
-import uuid
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import cv2
 import numpy as np
 
+from .toy_folder import MARKER_FILE, ProgressArg, write_once
 from .toy_scenes import MIN_VISIBLE_AREA, clean_mask, mask_to_polygons, render_scene
 
 __all__ = [
@@ -61,17 +60,11 @@ ADE_TOY_CLASSES: Tuple[str, ...] = ('background', ) + COCO_TOY_CLASSES
 #: One RGB colour per entry of :data:`ADE_TOY_CLASSES`.
 ADE_TOY_PALETTE: List[List[int]] = [[120, 120, 120]] + [list(c) for c in COCO_TOY_PALETTE[:3]]
 
-#: Name of the file that marks a finished dataset folder.
-MARKER_FILE = '.toy_complete'
-
 # Bumped whenever the generator's output changes, so that an old folder with
 # the same arguments is regenerated instead of being reused.
 _GENERATOR_VERSION = 1
 _JPEG_QUALITY = 95
 _MIN_SIZE = 32
-
-ProgressArg = Union[bool, Callable[[int, int], None]]
-
 
 def coco_toy_classes(num_classes: int = 3) -> Tuple[str, ...]:
     """Class names of a COCO toy set made with ``num_classes`` classes.
@@ -116,109 +109,6 @@ def _check_root(root) -> str:
     if not isinstance(root, (str, os.PathLike)) or not str(root):
         raise ValueError(f'root must be a non-empty path, got {root!r}')
     return osp.abspath(os.fspath(root))
-
-
-# --------------------------------------------------------------------------
-# Folder handling shared by both generators
-# --------------------------------------------------------------------------
-def _count_files(folder: str, suffix: str) -> int:
-    if not osp.isdir(folder):
-        return -1
-    return sum(1 for f in os.listdir(folder) if f.endswith(suffix))
-
-
-def _read_marker(root: str) -> Optional[dict]:
-    try:
-        with open(osp.join(root, MARKER_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _progress_callback(progress: ProgressArg, total: int) -> Callable[[int, int], None]:
-    if callable(progress):
-        return progress
-    if progress:
-        from mmengine.utils import ProgressBar
-        bar = ProgressBar(total)
-        return lambda done, total: bar.update()
-    return lambda done, total: None
-
-
-def _generate(root: str, args: dict, expected: Dict[str, Tuple[int, str]],
-              write: Callable[[str, Callable[[], None]], dict], total: int,
-              progress: ProgressArg, force: bool) -> dict:
-    """Write a dataset atomically, or reuse a complete one.
-
-    Args:
-        root (str): Final dataset folder.
-        args (dict): Generation arguments stored in the marker.
-        expected (dict): ``{relative folder: (file count, suffix)}`` that a
-            complete dataset has.
-        write (callable): ``write(tmp_root, step)`` writes everything into
-            ``tmp_root``, calls ``step()`` after each image and returns the
-            summary.
-        total (int): Number of images, for the progress report.
-        progress (bool | callable): See :func:`make_coco_toy`.
-        force (bool): Regenerate even when a complete dataset exists.
-    """
-
-    def complete(folder: str) -> Optional[dict]:
-        marker = _read_marker(folder)
-        if marker is None or marker.get('args') != args:
-            return None
-        if any(_count_files(osp.join(folder, sub), suffix) != n
-               for sub, (n, suffix) in expected.items()):
-            return None
-        return marker.get('summary')
-
-    if not force:
-        summary = complete(root)
-        if summary is not None:
-            return dict(summary, root=root, generated=False)
-    if osp.exists(root):
-        # Never delete data this generator did not write.
-        if not osp.isdir(root) or (os.listdir(root) and _read_marker(root) is None):
-            raise FileExistsError(
-                f'{root} exists and is not a toy dataset written by this generator '
-                f'(no {MARKER_FILE}); remove it or choose another folder')
-
-    parent = osp.dirname(root)
-    os.makedirs(parent, exist_ok=True)
-    # A unique hidden sibling (same file system, so the final rename is
-    # atomic); os.makedirs honours the umask, unlike tempfile.mkdtemp.
-    tmp = osp.join(parent, f'.{osp.basename(root)}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}')
-    os.makedirs(tmp)
-    old = None
-    try:
-        callback = _progress_callback(progress, total)
-        done = [0]
-
-        def step() -> None:
-            done[0] += 1
-            callback(done[0], total)
-
-        summary = write(tmp, step)
-        summary = dict(summary, args=args)
-        # The marker is written last: its presence means the folder is whole.
-        with open(osp.join(tmp, MARKER_FILE), 'w') as f:
-            json.dump(dict(version=_GENERATOR_VERSION, args=args, summary=summary), f,
-                      indent=1, sort_keys=True)
-        if osp.exists(root):
-            # Our own stale / different dataset: move it aside, then swap.
-            old = osp.join(parent, f'.{osp.basename(root)}.old-{uuid.uuid4().hex[:8]}')
-            os.replace(root, old)
-        try:
-            os.replace(tmp, root)
-        except OSError:
-            # Another process finished the same dataset first: use it.
-            if complete(root) is None:
-                raise
-        return dict(summary, root=root, generated=True)
-    finally:
-        for path in (tmp, old):
-            if path is not None and osp.exists(path):
-                shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_jpg(path: str, image_rgb: np.ndarray) -> None:
@@ -341,7 +231,7 @@ def make_coco_toy(root: str,
         'val': (num_val, '.jpg'),
         'annotations': (2, '.json'),
     }
-    return _generate(root, args, expected, write, num_train + num_val, progress, force)
+    return write_once(root, args, expected, write, num_train + num_val, progress, force)
 
 
 def make_ade_toy(root: str,
@@ -425,4 +315,4 @@ def make_ade_toy(root: str,
         'annotations/training': (num_train, '.png'),
         'annotations/validation': (num_val, '.png'),
     }
-    return _generate(root, args, expected, write, num_train + num_val, progress, force)
+    return write_once(root, args, expected, write, num_train + num_val, progress, force)
