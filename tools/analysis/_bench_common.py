@@ -31,7 +31,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-from inline_mm.engine.cpu_info import CPU_FLAGS, read_cpuinfo  # noqa: E402
+from inline_mm.engine.cpu_info import CPU_FLAGS, allocator_settings, read_cpuinfo  # noqa: E402
 from inline_mm.errors import ConfigError  # noqa: E402
 
 #: mmdet's softmax backbones with the settings of PVT-T / Swin-T, as mmdet configs
@@ -258,8 +258,8 @@ def cpu_record(peaks: Optional[Dict[str, float]] = None,
 
     Its model name, whether it has the flags of :data:`CPU_FLAGS` (None where
     /proc/cpuinfo is missing), the cores visible, torch's intra-op threads, the
-    load average, and the fp32 and bf16 matmul peaks measured now on the CPU
-    with those threads (``n``-sized products, see :func:`matmul_peak_gflops`).
+    load average, the allocator settings (:func:`allocator_settings`), and the fp32 and
+    bf16 matmul peaks measured now with those threads (see :func:`matmul_peak_gflops`).
     A dtype in ``peaks`` (the tool's own CPU measurement of this run) is reused.
     """
     model, flags = read_cpuinfo()
@@ -271,6 +271,7 @@ def cpu_record(peaks: Optional[Dict[str, float]] = None,
                 flags=None if flags is None else {f: f in flags for f in CPU_FLAGS},
                 cores_visible=os.cpu_count(), threads=torch.get_num_threads(),
                 load_average=[round(v, 2) for v in os.getloadavg()],
+                allocator=allocator_settings(),
                 matmul_peak_gflop_per_s={d: peaks[d] for d in ('fp32', 'bf16')},
                 matmul_peak_size={d: sizes[d] for d in ('fp32', 'bf16')})
 
@@ -281,7 +282,8 @@ def describe_cpu(cpu: dict) -> str:
     peaks = cpu['matmul_peak_gflop_per_s']
     return (f"CPU: {cpu['model']} ({flags}; {cpu['threads']} threads), matmul peak fp32 "
             f"{peaks['fp32']:.1f}, bf16 {peaks['bf16']:.1f} GFLOP/s; load "
-            f"{' '.join(map(str, cpu['load_average']))}")
+            f"{' '.join(map(str, cpu['load_average']))}; allocator "
+            f"{' '.join(f'{k}={v}' for k, v in cpu['allocator']['env'].items()) or 'default'}")
 
 
 # ---------------------------------------------------------------- FLOPs
