@@ -339,6 +339,37 @@ def test_benchmark_compiled_rows_beside_eager(tmp_path, capsys):
     assert out.count('compiled/eager') == 2 and results['compile_backend'] == 'eager'
 
 
+def test_compile_static_needs_compile(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(['--models', 'inline_pvt_t', '--compile-static'])
+    assert exit_info.value.code == 2
+    assert '--compile-static says how --compile compiles: add --compile' in \
+        capsys.readouterr().err
+
+
+@pytest.mark.slow  # dynamo traces InLine-PVT-T once per size (static shapes)
+def test_compile_static_compiles_with_static_shapes(tmp_path, monkeypatch):
+    """--compile-static reaches torch.compile as dynamic=False (the default is dynamic=True)
+    and the result file says which it was."""
+    calls, real_compile = [], torch.compile
+
+    def recording_compile(model, **kwargs):
+        calls.append(kwargs)
+        return real_compile(model, **kwargs)
+
+    monkeypatch.setattr(torch, 'compile', recording_compile)
+    args = ['--models', 'inline_pvt_t', '--sizes', '64', '--compile', '--compile-backend',
+            'eager', '--no-memory', '--no-flops', '--warmup', '0', '--repeats', '1']
+    for extra, dynamic in (([], True), (['--compile-static'], False)):
+        torch._dynamo.reset()
+        out = tmp_path / str(dynamic)
+        results = benchmark.main(args + extra + ['--out', str(out)])
+        torch._dynamo.reset()
+        assert calls.pop() == dict(dynamic=dynamic, backend='eager') and not calls
+        assert {r['runtime'] for r in results['rows']} == {'torch', 'compiled'}
+        assert json.loads((out / 'benchmark.json').read_text())['compile_dynamic'] is dynamic
+
+
 class _Raises(nn.Module):
     def forward(self, x):
         raise RuntimeError('Guard failed on the same frame it was created')

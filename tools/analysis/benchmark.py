@@ -218,6 +218,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error('--cfg-options changes the configs of --config: give --config CONFIG')
     if args.onnxruntime and args.device != 'cpu':
         parser.error('--onnxruntime rows run on the CPU: add --device cpu')
+    if args.compile_static and not args.compile:
+        parser.error('--compile-static says how --compile compiles: add --compile')
     return args
 
 
