@@ -78,17 +78,21 @@ def assert_cpu_record(cpu: dict, threads: int) -> None:
     assert cpu['threads'] == threads and cpu['cores_visible'] == os.cpu_count()
     assert set(cpu['matmul_peak_gflop_per_s']) == {'fp32', 'bf16'}
     assert min(cpu['matmul_peak_gflop_per_s'].values()) > 0
-    assert cpu['allocator']['env'] == {k: v for k, v in os.environ.items() if k in (
-        'GLIBC_TUNABLES', 'LD_PRELOAD') or k.startswith(('MALLOC_', 'TCMALLOC_'))}
+    assert cpu['allocator']['env'] == {k: v for k, v in os.environ.items()
+                                       if _is_allocator_variable(k)}
+
+
+def _is_allocator_variable(name: str) -> bool:
+    """What glibc, jemalloc or tcmalloc read (written here apart from the tools)."""
+    return name in ('GLIBC_TUNABLES', 'LD_PRELOAD') or name.startswith(('MALLOC_', 'TCMALLOC_'))
 
 
 def test_cpu_record_names_the_allocator_settings(monkeypatch):
     """A figure measured with glibc's large buffers kept (or a preloaded allocator) says
     so in its result file and its printed CPU line; other variables stay out."""
     from _bench_common import cpu_record, describe_cpu
-    for key in list(os.environ):
-        if key.startswith(('MALLOC_', 'TCMALLOC_')) or key in ('GLIBC_TUNABLES', 'LD_PRELOAD'):
-            monkeypatch.delenv(key)
+    for key in filter(_is_allocator_variable, list(os.environ)):
+        monkeypatch.delenv(key)
     peaks, sizes = {'fp32': 1.0, 'bf16': 1.0}, {'fp32': 8, 'bf16': 8}
     assert cpu_record(peaks, sizes)['allocator']['env'] == {}
     assert describe_cpu(cpu_record(peaks, sizes)).endswith('; allocator default')
