@@ -18,6 +18,7 @@ from inline_mm.engine.amp import (autocast_parts, cast_to_fp32, configure_amp,
 
 DET_CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
 SEG_CONFIG = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')
+FULL_DET_CONFIG = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
 
 Pair = namedtuple('Pair', 'a b')
 
@@ -163,21 +164,47 @@ def test_optim_wrapper_autocasts_its_parts_inside_the_training_context_only():
 
 
 def test_configure_amp_on_the_cpu_and_on_a_gpu():
-    det = read_config(DET_CONFIG)
+    det = read_config(FULL_DET_CONFIG)  # mmengine's plain OptimWrapper
     configure_amp(det, 'mmdet', device='cpu')
     assert det.optim_wrapper.type == 'CPUAutocastOptimWrapper'
     assert list(det.optim_wrapper.parts) == ['backbone', 'neck']
     assert det.optim_wrapper.dtype == 'bfloat16' and 'loss_scale' not in det.optim_wrapper
+    # the toy detector names its own parts (the RoI heads too): kept; its "bf16 only
+    # with bf16 units" yields to --amp
+    toy = read_config(DET_CONFIG)
+    own_parts = list(toy.optim_wrapper.parts)
+    assert 'roi_head.bbox_head' in own_parts and toy.optim_wrapper.only_with_bf16_units
+    configure_amp(toy, 'mmdet', device='cpu')
+    assert list(toy.optim_wrapper.parts) == own_parts
+    assert 'only_with_bf16_units' not in toy.optim_wrapper
     seg = read_config(SEG_CONFIG)
     configure_amp(seg, 'mmseg', device='cpu')
     assert seg.optim_wrapper.type == 'CPUAutocastOptimWrapper'
     assert seg.optim_wrapper.parts is None
-    for cfg, task in ((read_config(DET_CONFIG), 'mmdet'),
+    for cfg, task in ((read_config(DET_CONFIG), 'mmdet'), (read_config(FULL_DET_CONFIG), 'mmdet'),
                       (read_config(SEG_CONFIG), 'mmseg')):
         configure_amp(cfg, task, device='cuda')
         assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
         assert cfg.optim_wrapper.loss_scale == 'dynamic'
-        assert 'parts' not in cfg.optim_wrapper and 'dtype' not in cfg.optim_wrapper
+        # none of the CPU wrapper's own arguments reaches mmengine's AmpOptimWrapper
+        assert not {'parts', 'dtype', 'only_with_bf16_units'} & set(cfg.optim_wrapper)
+
+
+def test_bf16_only_with_units_leaves_a_model_off_the_cpu_alone(monkeypatch):
+    """``only_with_bf16_units`` is about CPU speed: a model on another device (here the
+    meta device, standing in for a GPU) trains as without the wrapper."""
+    from inline_mm.engine import amp
+    monkeypatch.setattr(amp, 'cpu_has_fast_bf16', lambda: True)
+    inner = []
+    for device, expected in (('cpu', torch.bfloat16), ('meta', torch.float32)):
+        net = Net().to(device)
+        record_dtypes(net.backbone.fc, inner)
+        wrapper = build_optim_wrapper(net, dict(
+            type='CPUAutocastOptimWrapper', parts=['backbone'], only_with_bf16_units=True,
+            optimizer=dict(type='SGD', lr=0.1)))
+        with wrapper.optim_context(net):
+            net(torch.randn(4, 8, device=device))
+        assert inner[-1] == expected, device
     with pytest.raises(ValueError, match="'mmdet' or 'mmseg'"):
         configure_amp(read_config(DET_CONFIG), 'cls', device='cpu')
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from conftest import REPO_ROOT
+from mmengine.optim import OptimWrapper
 
 from inline_mm.engine.launch import read_config
 
@@ -16,6 +17,7 @@ import benchmark  # noqa: E402
 import benchmark_train  # noqa: E402
 
 DET_TOY = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
+FULL_DET = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
 SEG_TOY = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')
 SWIN_T = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-swin-t_fpn_1x_coco.py')
 CSWIN_T = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-cswin-t_fpn_1x_coco.py')
@@ -225,15 +227,23 @@ def test_cswin_counterpart_is_cswin_t_with_softmax_everywhere():
     assert [f.shape[1] for f in feats] == [64, 128, 256, 512]
 
 
-def test_bf16_training_runs_use_the_backbone_neck_autocast():
-    cfg = read_config(DET_TOY)
+def test_training_runs_take_the_precision_they_name():
+    """fp32 rows run fp32 even where the config autocasts (the toy detector's bf16 where
+    the CPU has bf16 units); bf16 rows autocast what --amp does: the config's parts, else
+    backbone + neck."""
     model = nn.Linear(2, 2)
-    fp32 = benchmark_train.optim_wrapper_for(model, cfg, 'fp32')
-    bf16 = benchmark_train.optim_wrapper_for(model, cfg, 'bf16')
-    assert type(fp32).__name__ == 'OptimWrapper'
-    assert type(bf16).__name__ == 'CPUAutocastOptimWrapper'
-    assert bf16.parts == ('backbone', 'neck') and bf16.cast_dtype == torch.bfloat16
-    assert cfg.optim_wrapper.get('type', 'OptimWrapper') == 'OptimWrapper'  # not changed
+    toy = read_config(DET_TOY)
+    assert toy.optim_wrapper.type == 'CPUAutocastOptimWrapper'
+    for cfg, parts in ((toy, tuple(toy.optim_wrapper.parts)),
+                       (read_config(FULL_DET), ('backbone', 'neck'))):
+        before = cfg.optim_wrapper.to_dict()
+        fp32 = benchmark_train.optim_wrapper_for(model, cfg, 'fp32')
+        bf16 = benchmark_train.optim_wrapper_for(model, cfg, 'bf16')
+        assert type(fp32) is OptimWrapper  # mmengine's own: no autocast at all
+        assert type(bf16).__name__ == 'CPUAutocastOptimWrapper'
+        assert bf16.parts == parts and bf16.cast_dtype == torch.bfloat16
+        assert bf16.autocast_enabled  # --amp: bf16 on any CPU (slow ones warn)
+        assert cfg.optim_wrapper.to_dict() == before  # the caller's config not changed
 
 
 def test_training_benchmark_fp32_and_bf16(tmp_path):

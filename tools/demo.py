@@ -6,8 +6,8 @@
 
 Steps: write the synthetic dataset if it is missing (data/coco_toy, data/ade_toy);
 evaluate the untrained model; train on the CPU with progress in the log (in the
-toy config's precision: bf16 autocast for segmentation where the CPU has bf16
-units, fp32 for detection; ``--precision bf16`` / ``fp32`` choose);
+toy config's precision: bf16 autocast where the CPU has bf16 units, fp32 on
+the others; ``--precision bf16`` / ``fp32`` choose);
 evaluate again; draw predictions for a few validation images; write
 ``metrics.json`` into the work dir and print where everything is.
 Exits 1 when the trained model is not better than the untrained one.
@@ -25,8 +25,9 @@ import torch
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from inline_mm.datasets import make_ade_toy, make_coco_toy  # noqa: E402
-from inline_mm.engine.amp import configure_amp, cpu_has_fast_bf16  # noqa: E402
-from inline_mm.engine.launch import cli_main, load_config, run_with_runner  # noqa: E402
+from inline_mm.engine.amp import configure_amp, configure_fp32, cpu_has_fast_bf16  # noqa: E402
+from inline_mm.engine.launch import (add_cfg_options, cli_main, load_config,  # noqa: E402
+                                     run_with_runner)
 from inline_mm.engine.runner_utils import draw_predictions  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
@@ -48,10 +49,11 @@ def parse_args(argv=None):
                         help='where the toy datasets live / are written')
     parser.add_argument('--iters', type=int, help='training iterations (config default)')
     parser.add_argument('--precision', choices=['auto', 'fp32', 'bf16'], default='auto',
-                        help="auto: the toy config's (segmentation bf16 where the CPU has "
-                        "bf16 units, detection fp32); bf16: autocast where the CPU has them")
+                        help="auto: the toy config's (bf16 autocast where the CPU has bf16 "
+                        "units, fp32 elsewhere); bf16: the same for a config without autocast")
     parser.add_argument('--num-vis', type=int, default=8,
                         help='validation images to draw predictions for')
+    add_cfg_options(parser)
     data = parser.add_argument_group(
         'a smaller toy set (a quick check of the pipeline; the targets hold for the defaults)')
     data.add_argument('--num-train', type=int, help='training images (det 400, seg 1000)')
@@ -67,18 +69,15 @@ def toy_set_args(args) -> dict:
 
 
 def set_precision(cfg, task: str, choice: str) -> str:
-    """The training precision: ``auto`` keeps the toy config's (the segmentation one asks
-    for bf16 where the CPU has bf16 units, ``only_with_bf16_units``; the detection one is
-    fp32: one bf16 run on an AVX512-BF16 machine ended below the mAP target, see README);
-    ``bf16`` autocasts where the CPU has bf16 units (detectors: backbone and neck, mmcv's
-    CPU RoIAlign / NMS take fp32); ``fp32`` turns autocast off.  Returns it in words."""
+    """The training precision: ``auto`` keeps the toy config's (both toy configs ask for
+    bf16 autocast where the CPU has bf16 units, ``only_with_bf16_units``); ``bf16``
+    autocasts where the CPU has bf16 units (the config's parts, else what ``--amp`` takes:
+    a detector's backbone and neck, mmcv's CPU RoIAlign / NMS take fp32); ``fp32`` turns
+    autocast off.  Returns it in words."""
     wrapper = cfg.optim_wrapper
     autocast = wrapper.get('type') == 'CPUAutocastOptimWrapper'
     if choice == 'fp32' or (choice == 'auto' and not autocast):
-        if autocast:  # mmengine's plain wrapper instead
-            for key in ('dtype', 'parts', 'only_with_bf16_units'):
-                wrapper.pop(key, None)
-            wrapper.type = 'OptimWrapper'
+        configure_fp32(cfg)
         return 'fp32'
     if torch.cuda.is_available():
         return "the config's (a GPU is visible)"
@@ -95,12 +94,13 @@ def main(argv=None) -> int:
     task = TASKS[args.task]
     start = time.time()
     os.chdir(ROOT)  # the configs use paths relative to the repository
+    # the config first: a bad --cfg-options stops the demo before anything is written
+    cfg = load_config(task['config'], args.cfg_options)
     data_root = osp.join(args.data_dir, task['data'])
     print(f'[demo] dataset: {data_root}', flush=True)
     summary = task['make'](data_root, progress=True, **toy_set_args(args))
     print(f"[demo] {summary['num_images']} images, classes {summary['classes']}", flush=True)
 
-    cfg = load_config(task['config'])
     cfg.work_dir = args.work_dir or task['work_dir']
     for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         cfg[loader].dataset.data_root = data_root + '/'

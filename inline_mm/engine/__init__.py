@@ -13,7 +13,7 @@ installed toolkits') registries.  Configs that use them name it in
 """
 from . import metrics, visualization  # noqa: F401  (registration)
 from .amp import (AutocastHandle, CPUAutocastOptimWrapper, autocast_parts, configure_amp,
-                  cpu_has_fast_bf16, enable_inference_autocast)
+                  configure_fp32, cpu_has_fast_bf16, enable_inference_autocast)
 from .atomic_io import AtomicLocalBackend
 from .bad_samples import BadSampleLimitError, SkipBadSamples
 from .checkpoint_files import CheckpointWriteError
@@ -23,9 +23,9 @@ from .loops import ResumableEpochBasedTrainLoop
 from .nonfinite import NonFiniteLossError, NonFiniteLossHook
 from .signals import PREEMPTED_EXIT_CODE
 
-__all__ = ['configure_amp', 'cpu_has_fast_bf16', 'enable_inference_autocast', 'AutocastHandle',
-           'autocast_parts', 'AnyDeviceDistributedDataParallel', 'MeanLossLoggerHook',
-           'RNGStateHook',
+__all__ = ['configure_amp', 'configure_fp32', 'cpu_has_fast_bf16', 'enable_inference_autocast',
+           'AutocastHandle', 'autocast_parts', 'AnyDeviceDistributedDataParallel',
+           'MeanLossLoggerHook', 'RNGStateHook',
            'CPUAutocastOptimWrapper', 'AtomicCheckpointHook', 'PreemptionHook',
            'NonFiniteLossHook', 'NonFiniteLossError', 'ResumableEpochBasedTrainLoop',
            'SkipBadSamples', 'AtomicLocalBackend',

@@ -273,7 +273,9 @@ class CPUAutocastOptimWrapper(OptimWrapper):
             training forward, losses included.
         only_with_bf16_units: run in fp32 instead on CPUs without bf16 units
             (AVX512-BF16 / AMX), where torch's bf16 kernels are several times
-            slower than fp32 (configs that want speed, not bf16 itself, set it).
+            slower than fp32, and on a model that is not on the CPU (configs
+            that want CPU speed, not bf16 itself, set it: on a GPU they train
+            as without the wrapper; ``--amp`` turns on the GPU's own).
         **kwargs: as for :class:`mmengine.optim.OptimWrapper`.
     """
 
@@ -281,6 +283,7 @@ class CPUAutocastOptimWrapper(OptimWrapper):
                  parts: Optional[Sequence[str]] = None, only_with_bf16_units: bool = False,
                  **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.only_with_bf16_units = only_with_bf16_units
         self.autocast_enabled = not (only_with_bf16_units and cpu_has_fast_bf16() is False)
         if not self.autocast_enabled:
             print_log('CPUAutocastOptimWrapper: this CPU has no bf16 units (AVX512-BF16 / '
@@ -297,9 +300,18 @@ class CPUAutocastOptimWrapper(OptimWrapper):
             self._handle = autocast_parts(module, self.parts, self.cast_dtype, enabled=False)
         return self._handle
 
+    def _autocasts(self, model: nn.Module) -> bool:
+        """Whether this training forward runs under autocast (see ``only_with_bf16_units``)."""
+        if not self.autocast_enabled:
+            return False
+        if not self.only_with_bf16_units:
+            return True
+        param = next(_unwrap(model).parameters(), None)
+        return param is None or param.device.type == 'cpu'
+
     @contextmanager
     def optim_context(self, model: nn.Module):
-        if not self.autocast_enabled:
+        if not self._autocasts(model):
             with super().optim_context(model):
                 yield
         elif self.parts is None:
@@ -332,7 +344,8 @@ def configure_amp(cfg: Config, task: str, device: Optional[str] = None) -> None:
     - On the CPU: :class:`CPUAutocastOptimWrapper` with ``dtype='bfloat16'``
       (unless set) and no loss scale; detectors get ``parts=('backbone',
       'neck')`` (unless the config names other parts), segmentors autocast
-      their whole training forward.  Warns (``RuntimeWarning``) on a CPU
+      their whole training forward.  A config's ``only_with_bf16_units`` is
+      dropped: ``--amp`` asks for mixed precision on any CPU.  Warns (``RuntimeWarning``) on a CPU
       without bf16 units (:func:`cpu_has_fast_bf16`).
 
     Args:
@@ -348,8 +361,8 @@ def configure_amp(cfg: Config, task: str, device: Optional[str] = None) -> None:
     if device != 'cpu':
         if kind != 'AmpOptimWrapper':
             if kind == 'CPUAutocastOptimWrapper':  # its options mean nothing to mmengine's
-                wrapper.pop('parts', None)
-                wrapper.pop('dtype', None)
+                for key in ('parts', 'dtype', 'only_with_bf16_units'):
+                    wrapper.pop(key, None)
             wrapper.type = 'AmpOptimWrapper'
             wrapper.setdefault('loss_scale', 'dynamic')
         print_log(f'--amp: fp16 mixed precision on {device} (AmpOptimWrapper, loss scale '
@@ -357,6 +370,9 @@ def configure_amp(cfg: Config, task: str, device: Optional[str] = None) -> None:
         return
     wrapper.type = 'CPUAutocastOptimWrapper'
     wrapper.pop('loss_scale', None)  # bf16 has fp32's exponent range
+    # --amp asks for mixed precision: a config's "bf16 only where it is faster" yields
+    # to it (the warning below says when it is slower here)
+    wrapper.pop('only_with_bf16_units', None)
     wrapper.pop('use_fsdp', None)
     if wrapper.get('dtype') is None:
         wrapper.dtype = 'bfloat16'
@@ -369,6 +385,18 @@ def configure_amp(cfg: Config, task: str, device: Optional[str] = None) -> None:
               f'(CPUAutocastOptimWrapper; weights, gradients and optimizer state stay fp32)',
               logger='current')
     _warn_if_slow_bf16(wrapper.dtype)
+
+
+def configure_fp32(cfg: Config) -> None:
+    """Set up ``cfg.optim_wrapper`` for fp32 training, in place: a
+    :class:`CPUAutocastOptimWrapper` (a toy config's "bf16 where the CPU has bf16
+    units") becomes mmengine's plain ``OptimWrapper`` with the same optimiser,
+    parameter-wise settings and gradient clipping; any other wrapper is kept."""
+    wrapper = cfg.optim_wrapper
+    if wrapper.get('type') == 'CPUAutocastOptimWrapper':
+        for key in ('dtype', 'parts', 'only_with_bf16_units'):
+            wrapper.pop(key, None)
+        wrapper.type = 'OptimWrapper'
 
 
 def enable_inference_autocast(model: nn.Module, task: str,

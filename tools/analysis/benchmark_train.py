@@ -65,7 +65,7 @@ from mmengine.registry import init_default_scope  # noqa: E402
 
 from _bench_common import (MMDET_BACKBONES, add_peak_args, cpu_record,  # noqa: E402
                            cuda_missing, describe_cpu, quartiles, sync)  # (same folder)
-from inline_mm.engine.amp import configure_amp  # noqa: E402
+from inline_mm.engine.amp import configure_amp, configure_fp32  # noqa: E402
 from inline_mm.engine.launch import (add_cfg_options, add_size_option, cli_main,  # noqa: E402
                                      format_size, load_config)
 from inline_mm.engine.runner_utils import task_of  # noqa: E402
@@ -254,11 +254,14 @@ def build(cfg: Config, device: str = 'cpu'):
 
 
 def optim_wrapper_for(model, cfg: Config, dtype: str, device: str = 'cpu'):
-    """The optimiser wrapper of a run: the config's for ``fp32``; for ``bf16`` the one
-    ``--amp`` sets up on the CPU (backbone + neck under bf16 autocast, on either device);
-    for ``fp16`` (GPU) the one ``--amp`` sets up on a GPU (``AmpOptimWrapper``)."""
+    """The optimiser wrapper of a run: the config's for ``fp32`` (a config's CPU autocast
+    turned off); for ``bf16`` the one ``--amp`` sets up on the CPU (the config's autocast
+    parts, else backbone + neck under bf16 autocast, on either device); for ``fp16`` (GPU)
+    the one ``--amp`` sets up on a GPU (``AmpOptimWrapper``)."""
     cfg = copy.deepcopy(cfg)
-    if dtype == 'bf16':
+    if dtype == 'fp32':
+        configure_fp32(cfg)
+    elif dtype == 'bf16':
         with warnings.catch_warnings():
             if device != 'cpu':  # its "slow bf16 on this CPU" warning is about the CPU
                 warnings.simplefilter('ignore', RuntimeWarning)

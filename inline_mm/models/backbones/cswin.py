@@ -11,7 +11,8 @@ from ..converters import convert_cswin
 from ..layers.blocks import TokenMlp
 from ..layers import symbolic
 from ..layers.inline_attention import (InLineCore, depthwise_conv3x3_per_sample,
-                                       grid_to_tokens, tokens_to_grid, zero_padded_tokens)
+                                       grid_to_tokens, project_with_mean, tokens_to_grid,
+                                       zero_padded_tokens)
 from ..layers.softmax_attention import softmax_attention
 from ..layers.windows import Window, pad_image, run_in_windows
 from .arch import (WindowSpec, check_stage_lists, parse_attn_type, per_stage_windows,
@@ -93,7 +94,10 @@ class CSWinInLineAttention(InLineCore):
     """InLine attention of CSwin: one branch over windows (or globally), with LePE.
 
     The local kernel is predicted from the mean of the raw block input (not the
-    normed one) over each window's real tokens, as in the reference.
+    normed one) over each window's real tokens, as in the reference.  The block's
+    output projection is applied inside the windows (a per-token linear layer, so
+    the same numbers), where each window's value mean can go through it apart from
+    the per-token terms (:func:`project_with_mean`: the precision of bf16 training).
     """
 
     def __init__(self, dim: int, num_heads: int, window: Window,
@@ -102,11 +106,16 @@ class CSWinInLineAttention(InLineCore):
         self.get_v = lepe_conv(dim)
         self.window = window
 
-    def _attend(self, q, k, v, x, window, valid, bias):
-        return self.attend(q, k, v, x, window, valid) + apply_lepe(self.get_v, v, window, valid)
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, hw: Tuple[int, int],
+                proj: nn.Linear) -> Tensor:
+        """The branch's output after the block's projection ``proj``."""
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, hw: Tuple[int, int]) -> Tensor:
-        return _in_windows((q, k, v, x), hw, self.window, self._attend, need_bias=False)
+        def attend_and_project(q, k, v, x, window, valid, bias):
+            out, v_mean = self.attend(q, k, v, x, window, valid)
+            out = out + apply_lepe(self.get_v, v, window, valid)
+            return project_with_mean(proj, out, v_mean)
+
+        return _in_windows((q, k, v, x), hw, self.window, attend_and_project, need_bias=False)
 
 
 class CSWinBlock(nn.Module):
@@ -146,13 +155,15 @@ class CSWinBlock(nn.Module):
     def forward(self, x: Tensor, hw: Tuple[int, int]) -> Tensor:
         q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
         parts = len(self.attns)
-        if parts == 1:
-            out = self.attns[0](q, k, v, x, hw)
+        if isinstance(self.attns[0], CSWinInLineAttention):  # one branch, projected inside
+            y = self.attns[0](q, k, v, x, hw, self.proj)
+        elif parts == 1:
+            y = self.proj(self.attns[0](q, k, v, x, hw))
         else:
             splits = [t.chunk(parts, dim=-1) for t in (q, k, v, x)]
-            out = torch.cat([attn(*(s[i] for s in splits), hw)
-                             for i, attn in enumerate(self.attns)], dim=-1)
-        x = x + self.drop_path(self.proj_drop(self.proj(out)))
+            y = self.proj(torch.cat([attn(*(s[i] for s in splits), hw)
+                                     for i, attn in enumerate(self.attns)], dim=-1))
+        x = x + self.drop_path(self.proj_drop(y))
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 

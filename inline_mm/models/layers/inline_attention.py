@@ -58,6 +58,22 @@ def inline_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     Returns:
         ``(B, heads, N, d)`` in the dtype of ``q``.
     """
+    tokens, v_mean = inline_attention_split(q, k, v, scale, valid)
+    return tokens.add_(v_mean.to(q.dtype))
+
+
+def inline_attention_split(q: Tensor, k: Tensor, v: Tensor, scale: float,
+                           valid: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """InLine attention as its two terms: ``s * Q @ Cov(K, V)`` and ``mean(V)``.
+
+    Same arguments as :func:`inline_attention`, whose output is their sum.
+    Returns the query term ``(B, heads, N, d)`` in the dtype of ``q`` and the
+    value mean ``(B, heads, 1, d)`` in fp32.  The mean, the same for every token,
+    can be much larger than the query term (by 30-40x in some blocks of a
+    trained InLine-PVT-T), so a sum rounded to bf16 keeps little of the only
+    term that differs between tokens; callers under autocast keep the two apart
+    through the output projection (:func:`project_with_mean`).
+    """
     with torch.autocast(device_type=q.device.type, enabled=False):
         k32, v32 = k.float(), v.float()
         if valid is None:
@@ -72,7 +88,21 @@ def inline_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
             v_mean = (v32 * weight).sum(dim=-2, keepdim=True) / n
         cov = torch.matmul(k32.transpose(-2, -1), v32).div_(n)
         cov = cov.sub_(k_mean.transpose(-2, -1) * v_mean).mul_(scale)
-    return torch.matmul(q, cov.to(q.dtype)).add_(v_mean.to(q.dtype))
+    return torch.matmul(q, cov.to(q.dtype)), v_mean
+
+
+def project_with_mean(proj: nn.Linear, tokens: Tensor, mean: Tensor) -> Tensor:
+    """``proj(tokens + mean)`` as ``proj(tokens) + mean @ W^T``, the second term in fp32.
+
+    ``tokens``: ``(B, N, C)``; ``mean``: ``(B, 1, C)`` (fp32), broadcast over the
+    tokens.  The same numbers as projecting the sum in fp32; under autocast only the
+    per-token term goes through the low-precision matmul, so the result (fp32 then)
+    keeps the token-dependent part of InLine's output at its own precision.
+    """
+    out = proj(tokens)
+    with torch.autocast(device_type=tokens.device.type, enabled=False):
+        weight = proj.weight
+        return out + F.linear(mean.to(weight.dtype), weight)
 
 
 def masked_token_mean(x: Tensor, valid: Optional[Tensor]) -> Tensor:
@@ -205,8 +235,9 @@ class InLineCore(nn.Module):
         return depthwise_conv3x3_per_sample(zero_padded_tokens(v, valid), hw, weight)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, kernel_src: Tensor,
-               hw: Tuple[int, int], valid: Optional[Tensor] = None) -> Tensor:
-        """InLine attention + local branch.
+               hw: Tuple[int, int], valid: Optional[Tensor] = None
+               ) -> Tuple[Tensor, Tensor]:
+        """InLine attention + local branch, the value mean apart.
 
         Args:
             q, k, v: ``(B, N, C)`` projected tokens (``N = prefix + h * w``).
@@ -215,20 +246,23 @@ class InLineCore(nn.Module):
             valid: ``(B, N)`` bool mask of real tokens, or None.
 
         Returns:
-            ``(B, N, C)``, before the output projection.
+            ``(B, N, C)`` (the query term and the local branch) and the value mean
+            ``(B, 1, C)`` in fp32, before the output projection: the attention's
+            output is their sum (see :func:`inline_attention_split` for why apart).
         """
         b, n, c = q.shape
         if self.phi is not None:
             q, k = self.phi(q), self.phi(k)
-        out = inline_attention(self._heads(q), self._heads(k), self._heads(v),
-                               self.scale, valid)
+        out, v_mean = inline_attention_split(self._heads(q), self._heads(k), self._heads(v),
+                                             self.scale, valid)
         out = out.transpose(1, 2).reshape(b, n, c)
+        v_mean = v_mean.transpose(1, 2).reshape(b, 1, c)
         p = self.num_prefix_tokens
         if p == 0:
-            return out + self.local_branch(v, kernel_src, hw, valid)
+            return out + self.local_branch(v, kernel_src, hw, valid), v_mean
         grid_valid = None if valid is None else valid[:, p:]
         local = self.local_branch(v[:, p:], kernel_src, hw, grid_valid)
-        return torch.cat([out[:, :p], out[:, p:] + local], dim=1)
+        return torch.cat([out[:, :p], out[:, p:] + local], dim=1), v_mean
 
 
 class InLineAttention(InLineCore, AttentionKind):
@@ -287,5 +321,5 @@ class InLineAttention(InLineCore, AttentionKind):
             k, v = self.kv(x).chunk(2, dim=-1)
         else:
             q, k, v = self.qkv(x).chunk(3, dim=-1)
-        out = self.attend(q, k, v, x, hw, valid)
-        return self.proj_drop(self.proj(out))
+        out, v_mean = self.attend(q, k, v, x, hw, valid)
+        return self.proj_drop(project_with_mean(self.proj, out, v_mean))
