@@ -28,7 +28,8 @@ def hand_count(n, c, heads):
             + c * (c // heads)       # kernel predictor, first grouped 1x1 conv (one token)
             + 9 * c * (c // heads)   # second grouped 1x1 conv
             + 9 * c * n              # 3x3 depthwise local branch over the grid
-            + n * c * c)             # output projection
+            + n * c * c              # output projection of the per-token term
+            + c * c)                 # output projection of the value mean (once)
 
 
 class _Attn(torch.nn.Module):

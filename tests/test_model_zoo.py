@@ -387,8 +387,12 @@ def test_exported_configs_name_the_project_and_the_toolkit_bases_only(tmp_path):
             assert cfg.model.backbone.type.startswith('InLine')
             dumped = cfg.pretty_text
             for name in ('AtomicCheckpointHook', 'SkipBadSamples', 'RNGStateHook',
-                         'ResumableEpochBasedTrainLoop', 'NonFiniteLossHook'):
+                         'ResumableEpochBasedTrainLoop', 'NonFiniteLossHook',
+                         'CPUAutocastOptimWrapper', 'only_with_bf16_units'):
                 assert name not in dumped, (path, name)
+            # mmengine's own wrapper (the toy's CPU bf16 autocast is ours: fp32 there)
+            assert cfg.optim_wrapper.get('type', 'OptimWrapper') in (
+                'OptimWrapper', 'AmpOptimWrapper'), path
             assert cfg.default_hooks.checkpoint.type == 'CheckpointHook'
             dataset = cfg.train_dataloader.dataset
             dataset = dataset.get('dataset', dataset)  # mmseg's RepeatDataset-free recipes

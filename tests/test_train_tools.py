@@ -185,7 +185,8 @@ def test_cpu_autocast_wrapper_runs_the_forward_in_bf16():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of --amp")
 def test_amp_on_the_cpu(tmp_path):
-    """--amp without a GPU: bf16 autocast of a whole segmentor, of a detector's backbone + neck."""
+    """--amp without a GPU: bf16 autocast of a whole segmentor, of the parts a detector's
+    config names, on any CPU (the config's only_with_bf16_units yields to --amp)."""
     sys.path.insert(0, os.path.join(REPO_ROOT, 'tools'))
     import train
     args = train.parse_args([SEG_CONFIG, '--amp', '--work-dir', str(tmp_path / 'seg')])
@@ -195,5 +196,7 @@ def test_amp_on_the_cpu(tmp_path):
     assert not cfg.optim_wrapper.get('parts')  # the whole forward
     cfg = train.build_config(train.parse_args([CONFIG, '--amp', '--work-dir', str(tmp_path)]))
     assert cfg.optim_wrapper.type == 'CPUAutocastOptimWrapper'
-    assert list(cfg.optim_wrapper.parts) == ['backbone', 'neck']
+    assert list(cfg.optim_wrapper.parts) == [
+        'backbone', 'neck', 'rpn_head', 'roi_head.bbox_head', 'roi_head.mask_head']
+    assert 'only_with_bf16_units' not in cfg.optim_wrapper
     assert not os.path.exists(tmp_path / 'seg')  # nothing written before the run starts

@@ -112,6 +112,9 @@ def main(argv=None) -> int:
         warmup, decay = cfg.param_scheduler
         warmup.end = min(warmup.end, max(1, args.iters // 5))
         decay.begin, decay.end = warmup.end, args.iters
+        # a run shorter than the logger interval still logs its losses and times once
+        logger = cfg.default_hooks.logger
+        logger.interval = min(logger.interval, args.iters)
     precision = set_precision(cfg, args.task, args.precision)
     print(f'[demo] training precision: {precision}', flush=True)
     # evaluate explicitly before and after training, not inside the loop (mmengine's

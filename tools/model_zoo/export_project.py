@@ -23,6 +23,7 @@ In the toolkit's root: ``python tools/train.py projects/InLine/configs/CONFIG.py
 """
 import argparse
 import ast
+import itertools
 import os
 import os.path as osp
 import re
@@ -56,9 +57,14 @@ ENGINE_TYPES: Dict[str, Optional[str]] = {
     'SkipBadSamples': None,  # the wrapped dataset (its dataset_type) in its place
     'MeanLossLoggerHook': None, 'RNGStateHook': None, 'PreemptionHook': None,
     'NonFiniteLossHook': None,
+    'CPUAutocastOptimWrapper': 'OptimWrapper',  # fp32 where the toolkit has no CPU autocast
 }
-#: the arguments of SkipBadSamples that are not the wrapped dataset's
-WRAPPER_ARGS = ('dataset_type', 'max_bad_fraction', 'max_bad')
+#: the arguments of our engine types that the toolkits' types in their place do not take
+#: (SkipBadSamples: all but the wrapped dataset's own)
+ENGINE_ARGS: Dict[str, Tuple[str, ...]] = {
+    'SkipBadSamples': ('dataset_type', 'max_bad_fraction', 'max_bad'),
+    'CPUAutocastOptimWrapper': ('dtype', 'parts', 'only_with_bf16_units'),
+}
 
 TOOLKITS = {
     'mmdet': dict(configs=('configs/det', 'configs/det/toy'), name='MMDetection',
@@ -223,7 +229,7 @@ def _vacuous(node: ast.AST) -> bool:
     for kw in node.keywords:
         if kw.arg == 'type' and engine:
             continue
-        if kw.arg in WRAPPER_ARGS and _type_of(node) == 'SkipBadSamples':
+        if kw.arg in ENGINE_ARGS.get(_type_of(node), ()):
             continue
         if not _vacuous(kw.value):
             return False
@@ -242,16 +248,16 @@ def _edit_calls(node: ast.AST, edits: _Edits) -> None:
             if inner is None:
                 raise ConfigError('a SkipBadSamples without dataset_type cannot be exported')
             edits.replace(*edits.span(type_kw.value), ast.unparse(inner.value))
-            keywords = call.keywords
-            for i, kw in enumerate(keywords):
-                if kw.arg in WRAPPER_ARGS:
-                    start = edits.offset(kw.lineno, kw.col_offset)
-                    nxt = keywords[i + 1] if i + 1 < len(keywords) else None
-                    end = edits.offset(nxt.lineno, nxt.col_offset) if nxt else \
-                        edits.offset(kw.end_lineno, kw.end_col_offset)
-                    edits.replace(start, end, '')
         elif ENGINE_TYPES[kind] is not None:
             edits.replace(*edits.span(type_kw.value), repr(ENGINE_TYPES[kind]))
+        keywords = call.keywords
+        for i, kw in enumerate(keywords):
+            if kw.arg in ENGINE_ARGS.get(kind, ()):
+                start = edits.offset(kw.lineno, kw.col_offset)
+                nxt = keywords[i + 1] if i + 1 < len(keywords) else None
+                end = edits.offset(nxt.lineno, nxt.col_offset) if nxt else \
+                    edits.offset(kw.end_lineno, kw.end_col_offset)
+                edits.replace(start, end, '')
 
 
 def _base_path(value: str, depth: int) -> Optional[str]:
@@ -296,10 +302,16 @@ def export_config(text: str, depth: int) -> str:
     out = edits.result()
     for folder in ('configs/det', 'configs/seg'):  # our READMEs -> the project's
         out = out.replace(f'{folder}/README.md', f'projects/{PROJECT}/README.md')
-    # comments that describe inline-mm's training extensions go with them
+    # comments that describe inline-mm's training extensions go with them: each run of
+    # comment lines that names one goes whole (no half-sentences left behind)
     words = ('inline_mm', 'docs/', *ENGINE_TYPES)
-    out = '\n'.join(line for line in out.split('\n')
-                    if not (line.lstrip().startswith('#') and any(w in line for w in words)))
+    kept: List[str] = []
+    for is_comment, run in itertools.groupby(
+            out.split('\n'), key=lambda line: line.lstrip().startswith('#')):
+        run = list(run)
+        if not (is_comment and any(w in line for line in run for w in words)):
+            kept.extend(run)
+    out = '\n'.join(kept)
     compile(out, '<exported config>', 'exec')
     left = [w for w in ('inline_mm', *ENGINE_TYPES) if w in out]
     if left:

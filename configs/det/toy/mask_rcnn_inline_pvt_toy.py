@@ -4,8 +4,8 @@
 # (mask-rcnn_inline-pvt-t_fpn_1x_coco.py): no ImageNet weights, 192x192 inputs,
 # FPN / RPN / RoI heads 64 channels wide (256 in the full recipe), a 2-conv mask
 # head (4), 64 sampled RoIs per image (512), RoIAlign with 2x2 samples per bin
-# (adaptive), 256-d box FC layers (1024), fewer proposals, bf16 autocast where the
-# CPU has bf16 units, and an iteration-based schedule of 1500 steps of batch 2.
+# (adaptive), 256-d box FC layers (1024), fewer proposals, and an iteration-based
+# schedule of 1500 steps of batch 2.
 _base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'
 custom_imports = dict(imports=['inline_mm', 'inline_mm.datasets', 'inline_mm.engine'],
                       allow_failed_imports=False)
@@ -80,10 +80,11 @@ test_evaluator = val_evaluator
 
 train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters,
                  val_interval=val_interval)
-# bf16 autocast on CPUs with bf16 units (AVX512-BF16 / AMX), fp32 on the others, where
-# bf16 kernels are slower: backbone, neck, RPN and the RoI heads' convolutions and FC
-# layers; mmcv's CPU RoIAlign and NMS between them take fp32 (each part's outputs are
-# cast back).  Parameters, gradients and optimiser state stay fp32.
+# CPUAutocastOptimWrapper: bf16 autocast on CPUs with bf16 units (AVX512-BF16 / AMX),
+# fp32 on the others, where bf16 kernels are slower: backbone, neck, RPN and the RoI
+# heads' convolutions and FC layers; mmcv's CPU RoIAlign and NMS between them take
+# fp32 (each part's outputs are cast back).  Parameters, gradients and optimiser state
+# stay fp32.  On a GPU it changes nothing (--amp: fp16 there).
 optim_wrapper = dict(
     type='CPUAutocastOptimWrapper', dtype='bfloat16', only_with_bf16_units=True,
     parts=['backbone', 'neck', 'rpn_head', 'roi_head.bbox_head', 'roi_head.mask_head'],
