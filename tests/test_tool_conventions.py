@@ -1,6 +1,7 @@
 """Conventions every tool shares: what the log says about mixed precision, one `error:`
 line for a file that is not a fitting checkpoint."""
 import os
+import re
 import subprocess
 import sys
 
@@ -119,6 +120,25 @@ def test_user_errors_of_the_tools_are_one_line(tmp_path, tool, args, expected):
             for a in args]
     _one_error_line(_tool(tool, *args), *expected)
     assert not (tmp_path / 'out').exists() and not (tmp_path / 'x.onnx').exists()
+
+
+@pytest.mark.parametrize('options,error', [
+    # an argument of the node's type that the config does not spell out, next to a key it
+    # is close to (dtype / type): taken, for the type the same call sets too
+    ({'optim_wrapper.type': 'AmpOptimWrapper', 'optim_wrapper.dtype': 'bfloat16'}, None),
+    # plain OptimWrapper takes no dtype: a typo of type as far as the check can tell
+    ({'optim_wrapper.dtype': 'bfloat16'}, "did you mean 'optim_wrapper.type'"),
+    ({'optim_wrapper.typ': 'AmpOptimWrapper'}, "did you mean 'optim_wrapper.type'"),
+    ({'model.backbone.drop_path_rat': 0.1}, "did you mean 'model.backbone.drop_path_rate'"),
+])
+def test_options_that_are_arguments_of_the_type_are_not_typos(options, error):
+    from inline_mm.engine.launch import load_config
+    from inline_mm.errors import ConfigError
+    if error is None:
+        assert load_config(FULL_DET, options).optim_wrapper.dtype == 'bfloat16'
+    else:
+        with pytest.raises(ConfigError, match=re.escape(error)):
+            load_config(FULL_DET, options)
 
 
 def test_train_refuses_a_missing_pretrained_checkpoint_before_writing(tmp_path, toy_root):

@@ -21,14 +21,17 @@ a bug and keeps its traceback.
 import argparse
 import contextlib
 import difflib
+import importlib
+import inspect
 import os
 import os.path as osp
 import re
 import sys
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Set, Tuple, TypeVar
 
 from mmengine.config import Config, DictAction
 from mmengine.config import utils as config_utils
+from mmengine.registry import Registry
 from mmengine.utils import is_installed
 
 from ..errors import ConfigError, MissingFileError, UserInputError
@@ -190,6 +193,43 @@ def _lookup(node: Any, part: str) -> Any:
     raise KeyError(part)
 
 
+#: the registries a config's ``type`` is looked up in (the toolkits' children of mmengine's)
+_REGISTRY_MODULES = ('mmengine.registry', 'mmdet.registry', 'mmseg.registry')
+
+
+def _constructor_args(kind: Any) -> Set[str]:
+    """The named arguments a config node's ``type`` takes (its class and bases), or an
+    empty set where the type cannot be found: ``dtype`` of ``AmpOptimWrapper`` is then an
+    argument, not a typo of ``type``."""
+    if isinstance(kind, str):
+        found = None
+        for name in _REGISTRY_MODULES:
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            for registry in vars(module).values():
+                if isinstance(registry, Registry):
+                    try:
+                        found = registry.get(kind)
+                    except Exception:  # a scope that does not import: not this registry
+                        found = None
+                    if found is not None:
+                        break
+            if found is not None:
+                break
+        kind = found
+    if not callable(kind):
+        return set()
+    names: Set[str] = set()
+    for owner in getattr(kind, '__mro__', (kind,)):
+        try:
+            names.update(inspect.signature(owner).parameters)
+        except (TypeError, ValueError):  # builtins without a signature
+            continue
+    return names
+
+
 def check_cfg_options(cfg: Config, options: dict) -> None:
     """Refuse ``--cfg-options`` keys that cannot be what the user meant.
 
@@ -217,6 +257,10 @@ def check_cfg_options(cfg: Config, options: dict) -> None:
                                   f'{len(node)} entries, it has no entry {part!r}')
             siblings = [str(k) for k in node] if isinstance(node, dict) else []
             close = difflib.get_close_matches(part, siblings, n=1, cutoff=0.8)
+            # the node's type as it will be: --cfg-options may change it in the same call
+            kind = options.get('.'.join(parts[:depth] + ['type']), node.get('type'))
+            if close and part in _constructor_args(kind):
+                break  # an argument the config does not spell out (dtype next to type)
             if close:
                 raise ConfigError(f"unknown config option '{key}': {where} has no entry "
                                   f"'{part}' (did you mean "
