@@ -188,6 +188,8 @@ def test_configure_amp_on_the_cpu_and_on_a_gpu():
         assert cfg.optim_wrapper.loss_scale == 'dynamic'
         # none of the CPU wrapper's own arguments reaches mmengine's AmpOptimWrapper
         assert not {'parts', 'dtype', 'only_with_bf16_units'} & set(cfg.optim_wrapper)
+    with pytest.raises(ValueError, match="'mmdet' or 'mmseg'"):
+        configure_amp(read_config(DET_CONFIG), 'cls', device='cpu')
 
 
 def test_bf16_only_with_units_leaves_a_model_off_the_cpu_alone(monkeypatch):
@@ -205,8 +207,6 @@ def test_bf16_only_with_units_leaves_a_model_off_the_cpu_alone(monkeypatch):
         with wrapper.optim_context(net):
             net(torch.randn(4, 8, device=device))
         assert inner[-1] == expected, device
-    with pytest.raises(ValueError, match="'mmdet' or 'mmseg'"):
-        configure_amp(read_config(DET_CONFIG), 'cls', device='cpu')
 
 
 def test_bf16_on_a_cpu_without_bf16_units_warns(monkeypatch):

@@ -393,6 +393,7 @@ def test_exported_configs_name_the_project_and_the_toolkit_bases_only(tmp_path):
             # mmengine's own wrapper (the toy's CPU bf16 autocast is ours: fp32 there)
             assert cfg.optim_wrapper.get('type', 'OptimWrapper') in (
                 'OptimWrapper', 'AmpOptimWrapper'), path
+            assert 'parts' not in cfg.optim_wrapper, path
             assert cfg.default_hooks.checkpoint.type == 'CheckpointHook'
             dataset = cfg.train_dataloader.dataset
             dataset = dataset.get('dataset', dataset)  # mmseg's RepeatDataset-free recipes
@@ -406,6 +407,29 @@ def test_exported_configs_name_the_project_and_the_toolkit_bases_only(tmp_path):
         meta = yaml.safe_load((project / 'metafile.yml').read_text())
         for model in meta['Models']:
             assert os.path.isfile(root / model['Config']), model['Config']
+
+
+@pytest.mark.parametrize('wrapper', [
+    # our options first, in the middle, last (with and without a trailing comma)
+    "dict(type='CPUAutocastOptimWrapper', dtype='bfloat16', parts=['backbone'],\n"
+    "     optimizer=dict(type='AdamW', lr=1e-3))",
+    "dict(type='CPUAutocastOptimWrapper', optimizer=dict(type='AdamW', lr=1e-3),\n"
+    "     dtype='bfloat16', clip_grad=None, parts=['backbone'])",
+    "dict(type='CPUAutocastOptimWrapper', optimizer=dict(type='AdamW', lr=1e-3),\n"
+    "     dtype='bfloat16', only_with_bf16_units=True,\n     parts=['backbone'],\n)",
+])
+def test_exported_optim_wrapper_is_mmengines_without_our_options(wrapper):
+    """The toy's CPU autocast wrapper becomes mmengine's OptimWrapper, fp32: its own
+    options go wherever they stand in the call, the others stay."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, 'tools', 'model_zoo'))
+    import export_project
+    text = export_project.export_config(f'optim_wrapper = {wrapper}\n', depth=3)
+    namespace = {}
+    exec(text, namespace)  # what mmengine's Config would read
+    wrapper = namespace['optim_wrapper']
+    assert wrapper['type'] == 'OptimWrapper'
+    assert wrapper['optimizer'] == dict(type='AdamW', lr=1e-3)
+    assert not {'dtype', 'parts', 'only_with_bf16_units'} & set(wrapper), text
 
 
 def test_exported_mmdet_project_trains_and_tests_with_mmdets_own_tools(

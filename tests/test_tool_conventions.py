@@ -122,23 +122,36 @@ def test_user_errors_of_the_tools_are_one_line(tmp_path, tool, args, expected):
     assert not (tmp_path / 'out').exists() and not (tmp_path / 'x.onnx').exists()
 
 
-@pytest.mark.parametrize('options,error', [
+@pytest.mark.parametrize('config,options,error', [
     # an argument of the node's type that the config does not spell out, next to a key it
     # is close to (dtype / type): taken, for the type the same call sets too
-    ({'optim_wrapper.type': 'AmpOptimWrapper', 'optim_wrapper.dtype': 'bfloat16'}, None),
+    (FULL_DET, {'optim_wrapper.type': 'AmpOptimWrapper', 'optim_wrapper.dtype': 'bfloat16'},
+     None),
+    # entries under a None (the toy backbone's init_cfg = None): mmengine's merge refuses
+    # them (was an AttributeError of the check, then mmengine's TypeError)
+    (DET_CONFIG, {'model.backbone.init_cfg.type': 'Pretrained',
+                  'model.backbone.init_cfg.checkpoint': 'x.pth'},
+     "model.backbone.init_cfg is None in the config, not a dict, so --cfg-options cannot set "
+     'entries under it; write model.backbone.init_cfg = dict(...) in a config whose _base_'),
     # plain OptimWrapper takes no dtype: a typo of type as far as the check can tell
-    ({'optim_wrapper.dtype': 'bfloat16'}, "did you mean 'optim_wrapper.type'"),
-    ({'optim_wrapper.typ': 'AmpOptimWrapper'}, "did you mean 'optim_wrapper.type'"),
-    ({'model.backbone.drop_path_rat': 0.1}, "did you mean 'model.backbone.drop_path_rate'"),
+    (FULL_DET, {'optim_wrapper.dtype': 'bfloat16'}, "did you mean 'optim_wrapper.type'"),
+    (FULL_DET, {'optim_wrapper.typ': 'AmpOptimWrapper'}, "did you mean 'optim_wrapper.type'"),
+    (FULL_DET, {'model.backbone.drop_path_rat': 0.1},
+     "did you mean 'model.backbone.drop_path_rate'"),
 ])
-def test_options_that_are_arguments_of_the_type_are_not_typos(options, error):
+def test_options_that_are_arguments_of_the_type_are_not_typos(config, options, error):
     from inline_mm.engine.launch import load_config
     from inline_mm.errors import ConfigError
     if error is None:
-        assert load_config(FULL_DET, options).optim_wrapper.dtype == 'bfloat16'
+        cfg = load_config(config, options)
+        for key, value in options.items():  # every option landed where it says
+            node = cfg
+            for part in key.split('.'):
+                node = node[part]
+            assert node == value, key
     else:
         with pytest.raises(ConfigError, match=re.escape(error)):
-            load_config(FULL_DET, options)
+            load_config(config, options)
 
 
 def test_train_refuses_a_missing_pretrained_checkpoint_before_writing(tmp_path, toy_root):
@@ -242,3 +255,31 @@ def test_a_malformed_size_stops_the_tool_before_it_writes(tmp_path, tool, bad):
             for a in before]
     _one_error_line(_tool(tool, *args, option, *bad), SIZE_RULE)
     assert sorted(os.listdir(tmp_path)) == ['img.png']
+
+
+@pytest.mark.parametrize('units,only_with_units,said', [
+    (True, True, 'bf16 autocast of backbone + neck + rpn_head'),
+    (False, True, 'fp32 (this CPU has no bf16 units'),
+    # no CPU flags to read: the wrapper autocasts (it turns off only on a known "no")
+    (None, True, 'bf16 units unknown'),
+    # the config asks for bf16 on any CPU: the wrapper autocasts there too
+    (False, False, 'the config asks for it on any CPU'),
+])
+def test_the_demo_says_the_precision_the_wrapper_runs(monkeypatch, units, only_with_units,
+                                                       said):
+    """tools/demo.py's log line against what CPUAutocastOptimWrapper does on that CPU."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, 'tools'))
+    import demo
+    from inline_mm.engine import amp
+    monkeypatch.setattr(demo, 'cpu_has_fast_bf16', lambda: units)
+    monkeypatch.setattr(amp, 'cpu_has_fast_bf16', lambda: units)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    cfg = read_config(DET_CONFIG)
+    cfg.optim_wrapper.only_with_bf16_units = only_with_units
+    text = demo.set_precision(cfg, 'det', 'auto')
+    assert said in text, text
+    options = {k: v for k, v in cfg.optim_wrapper.items() if k not in ('type', 'optimizer')}
+    wrapper = amp.CPUAutocastOptimWrapper(optimizer=torch.optim.SGD(
+        [torch.nn.Parameter(torch.zeros(1))], lr=0.1), **{
+            k: v for k, v in options.items() if k in ('dtype', 'parts', 'only_with_bf16_units')})
+    assert wrapper.autocast_enabled == text.startswith('bf16'), text

@@ -81,12 +81,15 @@ def set_precision(cfg, task: str, choice: str) -> str:
         return 'fp32'
     if torch.cuda.is_available():
         return "the config's (a GPU is visible)"
-    if not cpu_has_fast_bf16():
+    units = cpu_has_fast_bf16()  # None: no CPU flags to read (the wrapper autocasts then)
+    if units is False and (not autocast or wrapper.get('only_with_bf16_units')):
         return 'fp32 (this CPU has no bf16 units: AVX512-BF16 / AMX)'
     if not autocast:
         configure_amp(cfg, 'mmdet' if task == 'det' else 'mmseg', 'cpu')
     parts = cfg.optim_wrapper.get('parts') or ('the whole forward',)
-    return f"bf16 autocast of {' + '.join(parts)} (the CPU has bf16 units)"
+    why = {True: 'the CPU has bf16 units', None: 'bf16 units unknown: no CPU flags to read',
+           False: 'the config asks for it on any CPU; this one has no bf16 units'}[units]
+    return f"bf16 autocast of {' + '.join(parts)} ({why})"
 
 
 def main(argv=None) -> int:

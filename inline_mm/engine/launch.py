@@ -197,16 +197,18 @@ def _lookup(node: Any, part: str) -> Any:
 _REGISTRY_MODULES = ('mmengine.registry', 'mmdet.registry', 'mmseg.registry')
 
 
-def _constructor_args(kind: Any) -> Set[str]:
+def _constructor_args(kind: Any, scope: Optional[str] = None) -> Set[str]:
     """The named arguments a config node's ``type`` takes (its class and bases), or an
     empty set where the type cannot be found: ``dtype`` of ``AmpOptimWrapper`` is then an
-    argument, not a typo of ``type``."""
+    argument, not a typo of ``type``.  The registries of the config's ``default_scope``
+    are searched first (``FPN`` is a name in both toolkits)."""
     if isinstance(kind, str):
         found = None
-        for name in _REGISTRY_MODULES:
+        first = (f'{scope}.registry',) if scope else ()
+        for name in dict.fromkeys(first + _REGISTRY_MODULES):
             try:
                 module = importlib.import_module(name)
-            except ImportError:
+            except Exception:  # absent, or a toolkit refusing this stack's versions
                 continue
             for registry in vars(module).values():
                 if isinstance(registry, Registry):
@@ -255,13 +257,17 @@ def check_cfg_options(cfg: Config, options: dict) -> None:
             if isinstance(node, (list, tuple)):
                 raise ConfigError(f"unknown config option '{key}': {where} is a list of "
                                   f'{len(node)} entries, it has no entry {part!r}')
-            siblings = [str(k) for k in node] if isinstance(node, dict) else []
-            close = difflib.get_close_matches(part, siblings, n=1, cutoff=0.8)
-            # the node's type as it will be: --cfg-options may change it in the same call
-            kind = options.get('.'.join(parts[:depth] + ['type']), node.get('type'))
-            if close and part in _constructor_args(kind):
-                break  # an argument the config does not spell out (dtype next to type)
+            if not isinstance(node, dict):  # mmengine merges options into dicts only
+                raise ConfigError(
+                    f"config option '{key}': {where} is {node!r} in the config, not a dict, "
+                    f'so --cfg-options cannot set entries under it; write {where} = '
+                    f"dict(...) in a config whose _base_ is this one")
+            close = difflib.get_close_matches(part, [str(k) for k in node], n=1, cutoff=0.8)
             if close:
+                # the node's type as it will be: --cfg-options may change it in the same call
+                kind = options.get('.'.join(parts[:depth] + ['type']), node.get('type'))
+                if part in _constructor_args(kind, cfg.get('default_scope')):
+                    break  # an argument the config does not spell out (dtype next to type)
                 raise ConfigError(f"unknown config option '{key}': {where} has no entry "
                                   f"'{part}' (did you mean "
                                   f"'{'.'.join(parts[:depth] + close + parts[depth + 1:])}'?)")

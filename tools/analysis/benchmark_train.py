@@ -29,8 +29,10 @@ and neck under bf16 autocast, heads, losses and mmcv's ops in fp32).
 - ``fp16`` is what ``tools/train.py --amp`` does on a GPU: mmengine's
   ``AmpOptimWrapper`` (the whole training forward under fp16 autocast,
   dynamic loss scale);
-- ``bf16`` autocasts the backbone and the neck only, as on the CPU: mmcv
-  2.1's CUDA RoIAlign has fp32 / fp16 kernels only and its NMS takes fp32.
+- ``bf16`` autocasts the parts the config names (``optim_wrapper.parts``: the toy
+  detector's backbone, neck, RPN and RoI heads), else the backbone and the neck, as
+  ``--amp`` on the CPU: mmcv 2.1's CUDA RoIAlign has fp32 / fp16 kernels only and its
+  NMS takes fp32, so each part's outputs go back to fp32.
 
 On a GPU each row also gives the peak memory of one iteration: the increase
 of ``torch.cuda.max_memory_allocated`` over what was allocated before it (the
@@ -87,8 +89,8 @@ def parse_args(argv=None):
     parser.add_argument('--batch-size', type=int, default=2)
     parser.add_argument('--objects', type=int, default=8, help='ground-truth objects per image')
     parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'fp16', 'bf16'],
-                        help='bf16: backbone and neck under bf16 autocast (as --amp on the '
-                        'CPU); fp16 (--device cuda only): AmpOptimWrapper, as --amp on a GPU')
+                        help='bf16: the config\'s autocast parts, else backbone and neck, '
+                        'under bf16 autocast (as --amp on the CPU); fp16 (--device cuda only): AmpOptimWrapper, as --amp on a GPU')
     parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu')
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=5)

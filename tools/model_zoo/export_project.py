@@ -250,14 +250,27 @@ def _edit_calls(node: ast.AST, edits: _Edits) -> None:
             edits.replace(*edits.span(type_kw.value), ast.unparse(inner.value))
         elif ENGINE_TYPES[kind] is not None:
             edits.replace(*edits.span(type_kw.value), repr(ENGINE_TYPES[kind]))
-        keywords = call.keywords
-        for i, kw in enumerate(keywords):
-            if kw.arg in ENGINE_ARGS.get(kind, ()):
-                start = edits.offset(kw.lineno, kw.col_offset)
-                nxt = keywords[i + 1] if i + 1 < len(keywords) else None
-                end = edits.offset(nxt.lineno, nxt.col_offset) if nxt else \
-                    edits.offset(kw.end_lineno, kw.end_col_offset)
-                edits.replace(start, end, '')
+        _drop_keywords(call, ENGINE_ARGS.get(kind, ()), edits)
+
+
+def _drop_keywords(call: ast.Call, names: Tuple[str, ...], edits: _Edits) -> None:
+    """Remove the keywords ``names`` of ``call``: each up to the keyword after it, and
+    the ones after the last kept keyword from that keyword's end (no stray comma)."""
+    keywords = call.keywords
+    kept = [i for i, kw in enumerate(keywords) if kw.arg not in names]
+    last_kept = kept[-1] if kept else None
+    for i, kw in enumerate(keywords):
+        if kw.arg not in names:
+            continue
+        if last_kept is not None and i > last_kept:  # the trailing run, removed once
+            if i == last_kept + 1:
+                prev, last = keywords[last_kept], keywords[-1]
+                edits.replace(edits.offset(prev.end_lineno, prev.end_col_offset),
+                              edits.offset(last.end_lineno, last.end_col_offset), '')
+            continue
+        nxt = keywords[i + 1] if i + 1 < len(keywords) else None
+        end = (nxt.lineno, nxt.col_offset) if nxt else (kw.end_lineno, kw.end_col_offset)
+        edits.replace(edits.offset(kw.lineno, kw.col_offset), edits.offset(*end), '')
 
 
 def _base_path(value: str, depth: int) -> Optional[str]:
