@@ -133,8 +133,11 @@ def test_user_errors_of_the_tools_are_one_line(tmp_path, tool, args, expected):
                   'model.backbone.init_cfg.checkpoint': 'x.pth'},
      "model.backbone.init_cfg is None in the config, not a dict, so --cfg-options cannot set "
      'entries under it; write model.backbone.init_cfg = dict(...) in a config whose _base_'),
-    # plain OptimWrapper takes no dtype: a typo of type as far as the check can tell
-    (FULL_DET, {'optim_wrapper.dtype': 'bfloat16'}, "did you mean 'optim_wrapper.type'"),
+    # plain OptimWrapper takes no dtype: a typo of type as far as the check can tell, and
+    # the message says the type does not take it either
+    (FULL_DET, {'optim_wrapper.dtype': 'bfloat16'},
+     "optim_wrapper has no entry 'dtype'; OptimWrapper takes no argument 'dtype' "
+     "(did you mean 'optim_wrapper.type'?)"),
     (FULL_DET, {'optim_wrapper.typ': 'AmpOptimWrapper'}, "did you mean 'optim_wrapper.type'"),
     (FULL_DET, {'model.backbone.drop_path_rat': 0.1},
      "did you mean 'model.backbone.drop_path_rate'"),
@@ -283,3 +286,23 @@ def test_the_demo_says_the_precision_the_wrapper_runs(monkeypatch, units, only_w
         [torch.nn.Parameter(torch.zeros(1))], lr=0.1), **{
             k: v for k, v in options.items() if k in ('dtype', 'parts', 'only_with_bf16_units')})
     assert wrapper.autocast_enabled == text.startswith('bf16'), text
+
+
+@pytest.mark.parametrize('config', [DET_CONFIG, SEG_CONFIG])
+def test_the_demo_fits_the_schedule_to_a_run_length_set_through_cfg_options(config):
+    """A run shortened with ``--cfg-options train_cfg.max_iters=N`` gets the same warm-up,
+    decay end and logger interval as one shortened with ``--iters N``; the config's own
+    length leaves the schedule as written."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, 'tools'))
+    import demo
+    from inline_mm.engine.launch import load_config
+    as_written = read_config(config)
+    demo.fit_schedule(as_written)
+    assert as_written.param_scheduler == read_config(config).param_scheduler
+    assert as_written.default_hooks.logger == read_config(config).default_hooks.logger
+
+    cfg = load_config(config, {'train_cfg.max_iters': 7})
+    demo.fit_schedule(cfg)
+    warmup, decay = cfg.param_scheduler
+    assert (warmup.begin, warmup.end, decay.begin, decay.end) == (0, 1, 1, 7)
+    assert cfg.default_hooks.logger.interval == 7

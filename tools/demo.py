@@ -68,6 +68,20 @@ def toy_set_args(args) -> dict:
     return {key: value for key, value in given.items() if value is not None}
 
 
+def fit_schedule(cfg) -> None:
+    """Fit the toy config's learning-rate schedule and logging to the run's length,
+    in place, however it was set (``--iters`` or ``--cfg-options
+    train_cfg.max_iters=N``): the toy configs have a linear warm-up, then one decay
+    that ends at the last iteration; a run shorter than the logger interval still logs
+    its losses and times once.  The configs' own length leaves them unchanged."""
+    iters = cfg.train_cfg.max_iters
+    warmup, decay = cfg.param_scheduler
+    warmup.end = min(warmup.end, max(1, iters // 5))
+    decay.begin, decay.end = warmup.end, iters
+    logger = cfg.default_hooks.logger
+    logger.interval = min(logger.interval, iters)
+
+
 def set_precision(cfg, task: str, choice: str) -> str:
     """The training precision: ``auto`` keeps the toy config's (both toy configs ask for
     bf16 autocast where the CPU has bf16 units, ``only_with_bf16_units``); ``bf16``
@@ -110,14 +124,9 @@ def main(argv=None) -> int:
     if 'ann_file' in cfg.val_evaluator:
         cfg.val_evaluator.ann_file = osp.join(data_root, 'annotations/instances_val.json')
         cfg.test_evaluator = cfg.val_evaluator
-    if args.iters:  # the toy configs have a linear warm-up, then one decay schedule
+    if args.iters:
         cfg.train_cfg.max_iters = args.iters
-        warmup, decay = cfg.param_scheduler
-        warmup.end = min(warmup.end, max(1, args.iters // 5))
-        decay.begin, decay.end = warmup.end, args.iters
-        # a run shorter than the logger interval still logs its losses and times once
-        logger = cfg.default_hooks.logger
-        logger.interval = min(logger.interval, args.iters)
+    fit_schedule(cfg)
     precision = set_precision(cfg, args.task, args.precision)
     print(f'[demo] training precision: {precision}', flush=True)
     # evaluate explicitly before and after training, not inside the loop (mmengine's

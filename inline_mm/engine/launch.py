@@ -266,10 +266,13 @@ def check_cfg_options(cfg: Config, options: dict) -> None:
             if close:
                 # the node's type as it will be: --cfg-options may change it in the same call
                 kind = options.get('.'.join(parts[:depth] + ['type']), node.get('type'))
-                if part in _constructor_args(kind, cfg.get('default_scope')):
+                takes = _constructor_args(kind, cfg.get('default_scope'))
+                if part in takes:
                     break  # an argument the config does not spell out (dtype next to type)
+                # where the type is known, say that it takes no such argument either
+                why = f"; {kind} takes no argument '{part}'" if takes else ''
                 raise ConfigError(f"unknown config option '{key}': {where} has no entry "
-                                  f"'{part}' (did you mean "
+                                  f"'{part}'{why} (did you mean "
                                   f"'{'.'.join(parts[:depth] + close + parts[depth + 1:])}'?)")
             break
 
