@@ -1,7 +1,7 @@
 """The public mmengine API the training extensions build on, as they call it.
 
 ``inline_mm.engine`` uses no private Runner / hook / loop member: it overrides public
-methods (``CheckpointHook.after_train_iter`` / ``after_train_epoch``,
+methods (``CheckpointHook.after_train_iter`` / ``after_train_epoch`` / ``after_val_epoch``,
 ``EpochBasedTrainLoop.run_epoch`` / ``run_iter``), wraps public ones on the instance
 (``Runner.load_or_resume``, ``OptimWrapper.update_params`` / ``step``), calls public ones
 (``Runner.save_checkpoint``, the ``Hook`` interval helpers) and relies on mmengine's
@@ -33,6 +33,7 @@ RELIED_ON = {
     (CheckpointHook, 'after_train_iter'): ['self', 'runner', 'batch_idx', 'data_batch',
                                            'outputs'],
     (CheckpointHook, 'after_train_epoch'): ['self', 'runner'],
+    (CheckpointHook, 'after_val_epoch'): ['self', 'runner', 'metrics'],
     (Hook, 'every_n_train_iters'): ['self', 'runner', 'n', 'start'],
     (Hook, 'every_n_epochs'): ['self', 'runner', 'n', 'start'],
     (Hook, 'is_last_train_iter'): ['self', 'runner'],
@@ -46,7 +47,7 @@ RELIED_ON = {
 #: the CheckpointHook settings AtomicCheckpointHook and PreemptionHook read
 HOOK_SETTINGS = ['interval', 'by_epoch', 'save_begin', 'save_last', 'filename_tmpl', 'out_dir',
                  'max_keep_ckpts', 'save_optimizer', 'save_param_scheduler', 'args',
-                 'backend_args', 'file_client_args', 'last_ckpt']
+                 'backend_args', 'file_client_args', 'last_ckpt', 'save_best']
 
 
 def _params(func) -> list:
@@ -93,7 +94,7 @@ def test_checkpoint_hook_settings_are_public_attributes():
     missing = [name for name in HOOK_SETTINGS if not hasattr(hook, name)]
     assert not missing, f'CheckpointHook no longer has {missing}'
     for name in ('interval', 'by_epoch', 'save_begin', 'save_last', 'max_keep_ckpts',
-                 'filename_tmpl', 'out_dir', 'backend_args', 'file_client_args'):
+                 'filename_tmpl', 'out_dir', 'backend_args', 'file_client_args', 'save_best'):
         assert name in _params(CheckpointHook.__init__), name
         assert name in _oldest_constructor('CheckpointHook'), name
 

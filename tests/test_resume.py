@@ -10,7 +10,10 @@ import textwrap
 import pytest
 import torch
 
+from conftest import REPO_ROOT
 from inline_mm.checkpoint import load_checkpoint_file, mmengine_checkpoint_globals
+
+PLUGINS = os.path.join(REPO_ROOT, 'tests', 'plugins')
 
 # subprocess runs (training, a fresh interpreter): the slow tier
 pytestmark = pytest.mark.slow
@@ -20,7 +23,8 @@ RUNNER_SCRIPT = textwrap.dedent('''
     import sys
     import torch
     from torch.utils.data import DataLoader, TensorDataset
-    from mmengine.model import BaseModel
+    sys.path.insert(0, {plugins!r})
+    from linear_model import LinearModel, collate
 
 
     def allowed():
@@ -47,25 +51,10 @@ RUNNER_SCRIPT = textwrap.dedent('''
     elif plugin == 'allow':
         inline_mm.allow_mmengine_checkpoints()
 
-    class Toy(BaseModel):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(4, 1)
-
-        def forward(self, x, y, mode='tensor'):
-            out = self.linear(x)
-            if mode == 'loss':
-                return dict(loss=((out - y) ** 2).mean())
-            return out
-
-    def collate(batch):
-        x, y = zip(*batch)
-        return dict(x=torch.stack(x), y=torch.stack(y))
-
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
     runner = Runner(
-        model=Toy(), work_dir={work_dir!r},
+        model=LinearModel(), work_dir={work_dir!r},
         train_dataloader=DataLoader(data, batch_size=4, collate_fn=collate),
         train_cfg=dict(by_epoch=False, max_iters={max_iters}),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
@@ -85,7 +74,7 @@ RUNNER_SCRIPT = textwrap.dedent('''
 
 def _run(tmp_path, **kwargs):
     script = tmp_path / f"run_{kwargs['max_iters']}_{kwargs['plugin']}.py"
-    script.write_text(RUNNER_SCRIPT.format(**kwargs))
+    script.write_text(RUNNER_SCRIPT.format(plugins=PLUGINS, **kwargs))
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           cwd=tmp_path)
 

@@ -8,14 +8,18 @@ module adds:
   project's safe loader for other files), nothing unpickled from zip checkpoints;
 * :func:`newest_readable_checkpoint`: the newest intact one among the pointer's file
   and the files of the checkpoint name template, each newer unreadable one logged;
-* :class:`CheckpointWriteError`: what a failed checkpoint write raises.
+* :class:`CheckpointWriteError`: what a failed checkpoint write raises;
+* :func:`hold_best_checkpoints` / :func:`release_held` / :func:`recover_held_best`:
+  mmengine's ``save_best`` deletes the previous best checkpoint before it writes
+  the new one; a hard link (``<name>.held``) keeps the previous one's data until
+  the new one is in place, and puts it back when the run died in between.
 """
 import logging
 import os
 import os.path as osp
 import re
 import zipfile
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from mmengine.logging import print_log
 
@@ -52,9 +56,13 @@ def checkpoint_problem(path: str) -> Optional[str]:
         return f'{type(err).__name__}: {err}'
 
 
-def _template_regex(filename_tmpl: str) -> 're.Pattern[str]':
+def _template_pattern(filename_tmpl: str) -> str:
     head, _, tail = filename_tmpl.partition('{}')
-    return re.compile(re.escape(head) + r'(\d+)' + re.escape(tail) + '$')
+    return re.escape(head) + r'(\d+)' + re.escape(tail) + '$'
+
+
+def _template_regex(filename_tmpl: str) -> 're.Pattern[str]':
+    return re.compile(_template_pattern(filename_tmpl))
 
 
 def newest_readable_checkpoint(folder: str, filename_tmpl: str = 'iter_{}.pth',
@@ -89,6 +97,91 @@ def newest_readable_checkpoint(folder: str, filename_tmpl: str = 'iter_{}.pth',
             return path
         _warn(logger, f'checkpoint {path} is unreadable ({problem}); trying an older one')
     return None
+
+
+#: the name ending of a best checkpoint's hard link while ``save_best`` replaces it
+HELD_SUFFIX = '.held'
+
+
+def _best_regex(filename_tmpl: str) -> 're.Pattern[str]':
+    """mmengine's best checkpoint names: ``best_<metric key>_<filename_tmpl>``."""
+    return re.compile(r'best_(?P<key>.+)_' + _template_pattern(filename_tmpl))
+
+
+def hold_best_checkpoints(folder: str, filename_tmpl: str) -> List[str]:
+    """Hard-link every best checkpoint of ``folder`` to ``<name>.held``.
+
+    A link costs no copy; the data stay on disk when mmengine deletes the
+    original.  Returns the links made (none where the file system has no hard
+    links: then the hold is skipped, as mmengine would do without it).
+    """
+    regex, held = _best_regex(filename_tmpl), []
+    for name in sorted(os.listdir(folder)) if osp.isdir(folder) else []:
+        path = osp.join(folder, name)
+        if regex.match(name) and osp.isfile(path):
+            link = path + HELD_SUFFIX
+            try:
+                if osp.lexists(link):
+                    os.remove(link)
+                os.link(path, link)
+            except OSError as err:
+                _warn(None, f'cannot keep {path} while the best checkpoint is replaced '
+                            f'({err.strerror}); it is deleted before the new one is written')
+                continue
+            held.append(link)
+    return held
+
+
+def release_held(held: List[str], restore: bool = False) -> List[str]:
+    """Drop the links of :func:`hold_best_checkpoints`.
+
+    With ``restore``, each link whose original is gone is renamed back to it
+    (what a failed write of the new best checkpoint calls).  Returns the
+    restored paths.
+    """
+    restored = []
+    for link in held:
+        original = link[:-len(HELD_SUFFIX)]
+        if not osp.lexists(link):
+            continue
+        if restore and not osp.exists(original):
+            os.replace(link, original)
+            restored.append(original)
+        else:
+            os.remove(link)
+    return restored
+
+
+def recover_held_best(folder: str, filename_tmpl: str, logger: Any = None) -> List[str]:
+    """Put back the best checkpoints a run died replacing; drop the other links.
+
+    A ``<name>.held`` link is left only by a run that stopped inside
+    ``save_best``.  Its original is renamed back unless a newer best checkpoint
+    of the same metric was written (the replacement finished); writes are
+    atomic, so a best checkpoint that exists is whole.  Returns the restored
+    paths.
+    """
+    if not osp.isdir(folder):
+        return []
+    regex = _best_regex(filename_tmpl)
+    names = os.listdir(folder)
+    kept = {name: regex.match(name) for name in names if not name.endswith(HELD_SUFFIX)}
+    restored = []
+    for name in sorted(n for n in names if n.endswith(HELD_SUFFIX)):
+        link, original = osp.join(folder, name), osp.join(folder, name[:-len(HELD_SUFFIX)])
+        match = regex.match(name[:-len(HELD_SUFFIX)])
+        replaced = match is not None and any(
+            m is not None and m.group('key') == match.group('key') and other != match.string
+            and not osp.exists(osp.join(folder, other + HELD_SUFFIX))
+            for other, m in kept.items())
+        if osp.exists(original) or replaced:
+            os.remove(link)
+            continue
+        os.replace(link, original)
+        restored.append(original)
+        _warn(logger, f'restored the best checkpoint {original}: the run stopped while '
+                      f'save_best was replacing it')
+    return restored
 
 
 def _warn(logger: Any, msg: str) -> None:

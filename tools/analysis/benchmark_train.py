@@ -90,7 +90,8 @@ def parse_args(argv=None):
     parser.add_argument('--objects', type=int, default=8, help='ground-truth objects per image')
     parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'fp16', 'bf16'],
                         help='bf16: the config\'s autocast parts, else backbone and neck, '
-                        'under bf16 autocast (as --amp on the CPU); fp16 (--device cuda only): AmpOptimWrapper, as --amp on a GPU')
+                        'under bf16 autocast (as --amp on the CPU); fp16 (--device cuda '
+                        'only): AmpOptimWrapper, as --amp on a GPU')
     parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu')
     parser.add_argument('--warmup', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=5)

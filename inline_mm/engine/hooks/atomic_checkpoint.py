@@ -5,7 +5,8 @@ torn file that ``last_checkpoint`` names, and with ``max_keep_ckpts`` the old
 checkpoint is deleted before the new one exists.  :class:`AtomicCheckpointHook`
 writes every file and the pointer atomically, deletes old checkpoints only
 after the new one is in place, stops with a one-line error when a write fails,
-and makes ``--resume`` take the newest *readable* checkpoint.
+makes ``--resume`` take the newest *readable* checkpoint, and keeps the previous
+``save_best`` checkpoint until its replacement is written.
 :func:`save_checkpoint_now` writes the checkpoint of the current iteration
 through any ``CheckpointHook`` (what :class:`PreemptionHook` saves with).
 """
@@ -21,7 +22,8 @@ from mmengine.registry import HOOKS
 
 from ...checkpoint import mmengine_checkpoint_globals
 from ..atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
-from ..checkpoint_files import CheckpointWriteError, newest_readable_checkpoint
+from ..checkpoint_files import (HELD_SUFFIX, CheckpointWriteError, hold_best_checkpoints,
+                                newest_readable_checkpoint, recover_held_best, release_held)
 from .rng_state import RNGStateHook
 
 #: file name start of the mid-epoch checkpoints written on preemption
@@ -107,13 +109,19 @@ class AtomicCheckpointHook(CheckpointHook):
       at it before the Runner resumes (mmengine resumes from what it names);
     * mmengine's own load of the checkpoint (``Runner.load_or_resume``)
       accepts the types mmengine pickles into runner checkpoints on torch >= 2.6,
-      during that load only.
+      during that load only;
+    * with ``save_best``, mmengine deletes the previous best checkpoint before
+      it writes the new one: a hard link keeps the previous one until the new
+      one is in place, a failed write puts it back and stops the run with a
+      :class:`~inline_mm.engine.checkpoint_files.CheckpointWriteError`, and
+      the next run puts it back where a run died in between.
 
     Arguments are those of mmengine's ``CheckpointHook``.  Saves go through
     the atomic local backend unless ``backend_args`` / ``file_client_args``
     name another storage.  The periodic saves (``after_train_iter`` /
     ``after_train_epoch``, the public hook methods) are this class's own; a
-    ``save_best`` checkpoint is written by mmengine's hook as it is.
+    ``save_best`` checkpoint is written by mmengine's ``after_val_epoch``,
+    around which this class holds the previous one.
     """
 
     def before_run(self, runner) -> None:
@@ -145,7 +153,39 @@ class AtomicCheckpointHook(CheckpointHook):
             out_dir = self.out_dir if self.out_dir is not None else runner.work_dir
             if '://' not in str(out_dir):
                 self.backend_args = dict(backend=ATOMIC_BACKEND)
-        super().before_train(runner)
+        super().before_train(runner)  # resolves out_dir
+        if self.save_best and is_main_process() and self._local_out_dir():
+            recover_held_best(str(self.out_dir), self.filename_tmpl, runner.logger)
+
+    def after_val_epoch(self, runner, metrics) -> None:
+        """mmengine's ``save_best``, the previous best kept until the new one is written."""
+        if not self.save_best:
+            return super().after_val_epoch(runner, metrics)
+        folder = str(self.out_dir)
+        held = hold_best_checkpoints(folder, self.filename_tmpl) \
+            if is_main_process() and self._local_out_dir() else []
+        error: Optional[OSError] = None
+        try:
+            super().after_val_epoch(runner, metrics)
+        except OSError as err:  # rank 0 writes; every rank learns of it below
+            error = err
+        except BaseException:
+            release_held(held, restore=True)
+            raise
+        release_held(held, restore=error is not None)
+        kept = [link[:-len(HELD_SUFFIX)] for link in held
+                if osp.exists(link[:-len(HELD_SUFFIX)])]
+        if agree(error is not None):
+            reason = getattr(error, 'strerror', None) or str(error) if error else \
+                'the process of rank 0 could not write it'
+            still = f'The previous best checkpoint {", ".join(kept)} is kept. ' if kept else ''
+            raise CheckpointWriteError(
+                f'cannot write the best checkpoint in {folder}: {reason}. {still}'
+                f'Free space or make the work dir writable, then resume with --resume') \
+                from error
+
+    def _local_out_dir(self) -> bool:
+        return '://' not in str(self.out_dir)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         """Save every ``interval`` iterations (from ``save_begin``) and at the last one."""
