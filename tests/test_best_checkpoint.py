@@ -22,8 +22,8 @@ from inline_mm.engine.checkpoint_files import HELD_SUFFIX, checkpoint_problem
 
 PLUGINS = os.path.join(REPO_ROOT, 'tests', 'plugins')
 
-#: trains ``max_iters`` iterations of a linear model, validating after each from ``val_begin``,
-#: with ``save_best='score'``; the score is the number of validations so far
+#: trains ``max_iters`` iterations (or epochs) of a linear model, validating after each from
+#: ``val_begin``, with ``save_best='score'``; the score is the number of validations so far
 RUN = textwrap.dedent('''
     import sys
     sys.path.insert(0, {plugins!r})
@@ -53,13 +53,12 @@ RUN = textwrap.dedent('''
     runner = Runner(
         model=LinearModel(), work_dir={work_dir!r},
         train_dataloader=DataLoader(data, batch_size=4, collate_fn=collate),
-        train_cfg=dict(by_epoch=False, max_iters={max_iters}, val_begin={val_begin},
-                       val_interval=1),
+        train_cfg={loop},
         val_dataloader=DataLoader(data, batch_size=4, collate_fn=collate),
         val_evaluator=Evaluator(ValidationCount()), val_cfg=dict(),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
         default_hooks=dict(checkpoint=AtomicCheckpointHook(
-            interval=100, by_epoch=False, save_last=False, save_best='score', rule='greater')),
+            interval=100, by_epoch={by_epoch}, save_last=False, save_best='score', rule='greater')),
         randomness=dict(seed=0))
     with checkpoint_write_faults(slow={slow}, error={error!r}, from_write={from_write}):
         runner.train()
@@ -67,10 +66,14 @@ RUN = textwrap.dedent('''
 ''')
 
 
-def _script(tmp_path, max_iters=3, val_begin=1, slow=0.0, error=None, from_write=1):
+def _script(tmp_path, max_iters=3, val_begin=1, slow=0.0, error=None, from_write=1,
+            by_epoch=False):
+    """The run's script; ``by_epoch``: ``max_iters`` epochs of 2 iterations each."""
+    length = f'max_epochs={max_iters}' if by_epoch else f'max_iters={max_iters}'
+    loop = f'dict(by_epoch={by_epoch}, {length}, val_begin={val_begin}, val_interval=1)'
     path = tmp_path / f'run_{len(list(tmp_path.glob("run_*.py")))}.py'
     path.write_text(RUN.format(plugins=PLUGINS, work_dir=str(tmp_path / 'work'),
-                               max_iters=max_iters, val_begin=val_begin, slow=slow,
+                               loop=loop, by_epoch=by_epoch, slow=slow,
                                error=error, from_write=from_write))
     return [sys.executable, str(path)]
 
@@ -99,18 +102,19 @@ def test_each_new_best_replaces_the_previous_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_failed_write_of_the_new_best_keeps_the_previous_one(tmp_path):
-    """mmengine deletes best_score_iter_1.pth before writing best_score_iter_2.pth (full)."""
-    run = _run(tmp_path, max_iters=2, error='ENOSPC', from_write=2)
+@pytest.mark.parametrize('unit', ['iter', 'epoch'])
+def test_a_failed_write_of_the_new_best_keeps_the_previous_one(tmp_path, unit):
+    """mmengine deletes best_score_<unit>_1.pth before writing the disk-full <unit>_2's."""
+    run = _run(tmp_path, max_iters=2, error='ENOSPC', from_write=2, by_epoch=unit == 'epoch')
     work = str(tmp_path / 'work')
-    best = os.path.join(work, 'best_score_iter_1.pth')
+    best = os.path.join(work, f'best_score_{unit}_1.pth')
     assert run.returncode != 0
     assert (f'CheckpointWriteError: cannot write the best checkpoint in {work}: No space left '
             f'on device. The previous best checkpoint {best} is kept.') in run.stderr
     assert checkpoint_problem(best) is None
-    assert not os.path.exists(os.path.join(work, 'best_score_iter_2.pth'))
+    assert not os.path.exists(os.path.join(work, f'best_score_{unit}_2.pth'))
     assert not [f for f in _files(work) if HELD_SUFFIX in f or f.endswith('.tmp')]
-    assert _meta(best)['iter'] == 1
+    assert _meta(best)[unit] == 1
 
 
 @pytest.mark.slow
