@@ -54,11 +54,13 @@ class Line:
         return (self.requirements[component][0],) + self.variants.get(component, ())
 
 
+# the floors: mmcv 2.1 is the first with torch 2.1 wheels; mmdet < 3.2 / mmsegmentation < 1.2
+# assert mmcv < 2.1 at import; mmsegmentation 1.2.0's wheel misses a file mmseg.engine reads
 OPENMMLAB = Line(
     name='OpenMMLab',
-    requirements={'mmengine': ('mmengine', '>=0.10.3,<0.11'), 'mmcv': ('mmcv', '>=2.0,<2.2'),
-                  'mmdet': ('mmdet', '>=3.0,<3.4'),
-                  'mmseg': ('mmsegmentation', '>=1.0,<1.3')},
+    requirements={'mmengine': ('mmengine', '>=0.10.3,<0.11'), 'mmcv': ('mmcv', '>=2.1,<2.2'),
+                  'mmdet': ('mmdet', '>=3.2,<3.4'),
+                  'mmseg': ('mmsegmentation', '>=1.2.1,<1.3')},
     # mmcv-lite has no compiled ops, mmcv-full is the 1.x series: named when found
     variants={'mmengine': ('mmengine-lite',), 'mmcv': ('mmcv-lite', 'mmcv-full')},
     extras=('mmdet', 'mmseg', 'all'))

@@ -37,9 +37,9 @@ def test_setup_cfg_declares_ranges_not_pins():
     extras = cfg['options.extras_require']
     assert not [r for key in ['options', 'options.extras_require'] for r in
                 _requirements('\n'.join(cfg[key].values())) if '==' in r]
-    assert 'mmcv>=2.0,<2.2' in _requirements(extras['mmdet'])
-    assert 'mmdet>=3.0,<3.4' in _requirements(extras['mmdet'])
-    assert 'mmsegmentation>=1.0,<1.3' in _requirements(extras['mmseg'])
+    assert 'mmcv>=2.1,<2.2' in _requirements(extras['mmdet'])
+    assert 'mmdet>=3.2,<3.4' in _requirements(extras['mmdet'])
+    assert 'mmsegmentation>=1.2.1,<1.3' in _requirements(extras['mmseg'])
     assert 'onedl-mmcv>=2.3,<2.4' in _requirements(extras['onedl'])
     # the exact stack of the two-command path lives in the install script's constraints
     pins = _requirements(open(os.path.join(REPO_ROOT, 'scripts', 'constraints.txt')).read())

@@ -46,12 +46,18 @@ def test_class_weight_with_ignored_pixels_is_pytorchs_weighted_mean():
 
 
 def test_same_as_mmseg_where_mmseg_works():
+    import mmseg
     logits, label = _batch(with_ignored=False)
     for kwargs in (dict(class_weight=WEIGHTS), dict(), dict(avg_non_ignore=True)):
-        ours = build_loss(**kwargs)
-        theirs = CrossEntropyLoss(**kwargs)
-        torch.testing.assert_close(ours(logits, label, ignore_index=255),
-                                   theirs(logits, label, ignore_index=255))
+        ours = build_loss(**kwargs)(logits, label, ignore_index=255)
+        try:
+            theirs = CrossEntropyLoss(**kwargs)(logits, label, ignore_index=255)
+        except ValueError:
+            # mmseg 1.2.1 (the floor) fails on every class-weighted batch, ignored pixels
+            # or not ("only one element tensors ..."); 1.2.2 on those with ignored pixels
+            assert 'class_weight' in kwargs and mmseg.__version__ == '1.2.1', mmseg.__version__
+            theirs = F.cross_entropy(logits, label, weight=torch.tensor(WEIGHTS))
+        torch.testing.assert_close(ours, theirs)
 
 
 def test_labels_outside_the_classes_still_fail():

@@ -87,6 +87,19 @@ def test_wrong_mmcv_version_stops_at_import(tmp_path):
     assert f'mmdet {stack._find("mmdet").version}' in message
 
 
+@pytest.mark.skipif(LINE is not stack.OPENMMLAB, reason="OpenMMLab's line only")
+@pytest.mark.parametrize('dist,package,version', [('mmsegmentation', 'mmseg', '1.2.0'),
+                                                   ('mmdet', 'mmdet', '3.1.0'),
+                                                   ('mmcv', 'mmcv', '2.0.1')])
+def test_below_the_floors_stops_at_import(tmp_path, dist, package, version):
+    """Releases under the floors (mmsegmentation 1.2.0's wheel misses a file mmseg.engine
+    reads; mmdet 3.1 asserts mmcv < 2.1; mmcv 2.0 has no torch 2.1 wheels) are named."""
+    _fake_dist(tmp_path, dist, version, package=package)
+    message = _the_one_message(_import(tmp_path))
+    assert f'{_named(package, version)} is outside {LINE.requirement(package)}' in message
+    assert stack.in_range(stack._find(package).version, LINE.requirements[package][1])
+
+
 def test_without_the_check_the_toolkit_fails_inside(tmp_path):
     """The same environment, check skipped: the failure comes from inside mmdet / mmseg
     (OpenMMLab's mmdet asserts its mmcv range at import; OneDL's imports and fails where

@@ -4,7 +4,8 @@ mmseg 1.2.2's ``CrossEntropyLoss`` with ``class_weight`` computes its
 averaging factor as ``class_weight[label]`` over every pixel, so a batch that
 holds the ignore label (255: padded borders, ``reduce_zero_label``'s
 "other") ends the run with an ``IndexError``
-(open-mmlab/mmsegmentation#3734, #3831).  :class:`IgnoreSafeCrossEntropyLoss`
+(open-mmlab/mmsegmentation#3734, #3831); mmseg 1.2.1 fails on every
+class-weighted batch (a ``ValueError``).  :class:`IgnoreSafeCrossEntropyLoss`
 computes that factor over the labelled pixels only, the weighted mean
 ``torch.nn.functional.cross_entropy(weight=..., reduction='mean')`` takes, and
 leaves everything else to mmseg's loss.
