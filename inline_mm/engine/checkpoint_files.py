@@ -132,24 +132,20 @@ def hold_best_checkpoints(folder: str, filename_tmpl: str) -> List[str]:
     return held
 
 
-def release_held(held: List[str], restore: bool = False) -> List[str]:
+def release_held(held: List[str], restore: bool = False) -> None:
     """Drop the links of :func:`hold_best_checkpoints`.
 
     With ``restore``, each link whose original is gone is renamed back to it
-    (what a failed write of the new best checkpoint calls).  Returns the
-    restored paths.
+    (what a failed write of the new best checkpoint calls).
     """
-    restored = []
     for link in held:
         original = link[:-len(HELD_SUFFIX)]
         if not osp.lexists(link):
             continue
         if restore and not osp.exists(original):
             os.replace(link, original)
-            restored.append(original)
         else:
             os.remove(link)
-    return restored
 
 
 def recover_held_best(folder: str, filename_tmpl: str, logger: Any = None) -> List[str]:

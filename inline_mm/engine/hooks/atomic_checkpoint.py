@@ -64,6 +64,11 @@ def _scope_checkpoint_globals(runner) -> None:
     runner.load_or_resume = scoped_load_or_resume
 
 
+def _is_local(path) -> bool:
+    """Whether ``path`` is on the local file system (not a ``scheme://`` storage)."""
+    return '://' not in str(path)
+
+
 def _read_pointer(folder: str) -> Optional[str]:
     """What the ``last_checkpoint`` file of ``folder`` names (None: no file)."""
     path = osp.join(folder, 'last_checkpoint')
@@ -151,10 +156,10 @@ class AtomicCheckpointHook(CheckpointHook):
     def before_train(self, runner) -> None:
         if self.backend_args is None and self.file_client_args is None:
             out_dir = self.out_dir if self.out_dir is not None else runner.work_dir
-            if '://' not in str(out_dir):
+            if _is_local(out_dir):
                 self.backend_args = dict(backend=ATOMIC_BACKEND)
         super().before_train(runner)  # resolves out_dir
-        if self.save_best and is_main_process() and self._local_out_dir():
+        if self.save_best and is_main_process() and _is_local(self.out_dir):
             recover_held_best(str(self.out_dir), self.filename_tmpl, runner.logger)
 
     def after_val_epoch(self, runner, metrics) -> None:
@@ -163,7 +168,7 @@ class AtomicCheckpointHook(CheckpointHook):
             return super().after_val_epoch(runner, metrics)
         folder = str(self.out_dir)
         held = hold_best_checkpoints(folder, self.filename_tmpl) \
-            if is_main_process() and self._local_out_dir() else []
+            if is_main_process() and _is_local(folder) else []
         error: Optional[OSError] = None
         try:
             super().after_val_epoch(runner, metrics)
@@ -183,9 +188,6 @@ class AtomicCheckpointHook(CheckpointHook):
                 f'cannot write the best checkpoint in {folder}: {reason}. {still}'
                 f'Free space or make the work dir writable, then resume with --resume') \
                 from error
-
-    def _local_out_dir(self) -> bool:
-        return '://' not in str(self.out_dir)
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         """Save every ``interval`` iterations (from ``save_begin``) and at the last one."""
@@ -305,7 +307,7 @@ def _write_checkpoint(hook: CheckpointHook, runner, filename: str, meta: dict,
 def _preempt_checkpoints(hook: CheckpointHook) -> List[str]:
     """The mid-epoch checkpoints of preemptions in the hook's output folder."""
     folder = str(hook.out_dir)
-    if '://' in folder or not osp.isdir(folder):
+    if not _is_local(folder) or not osp.isdir(folder):
         return []
     return [osp.join(folder, name) for name in sorted(os.listdir(folder))
             if name.startswith(PREEMPT_PREFIX) and name.endswith('.pth')]
