@@ -23,11 +23,15 @@ from inline_mm.engine.checkpoint_files import HELD_SUFFIX, checkpoint_problem
 PLUGINS = os.path.join(REPO_ROOT, 'tests', 'plugins')
 
 #: trains ``max_iters`` iterations (or epochs) of a linear model, validating after each from
-#: ``val_begin``, with ``save_best='score'``; the score is the number of validations so far
+#: ``val_begin``, with ``save_best`` ('score', or both metrics); both metrics are the number of
+#: validations so far.  With ``world_size`` 2 it is one of two gloo processes, and rank 0's
+#: ``fail_call``-th checkpoint save raises a TypeError (a bug, not a full disk).
 RUN = textwrap.dedent('''
+    import os
     import sys
     sys.path.insert(0, {plugins!r})
     import torch
+    import torch.distributed as dist
     from torch.utils.data import DataLoader, TensorDataset
     from mmengine.evaluator import BaseMetric, Evaluator
     from mmengine.runner import Runner
@@ -37,7 +41,7 @@ RUN = textwrap.dedent('''
 
 
     class ValidationCount(BaseMetric):
-        """'score': how many validations ran, so each one is a new best."""
+        """'score' and 'other': how many validations ran, so each one is a new best."""
         count = 0
 
         def process(self, data_batch, data_samples):
@@ -45,9 +49,14 @@ RUN = textwrap.dedent('''
 
         def compute_metrics(self, results):
             ValidationCount.count += 1
-            return dict(score=float(ValidationCount.count))
+            return dict(score=float(ValidationCount.count), other=float(ValidationCount.count))
 
 
+    launch = dict()
+    if {world_size} > 1:
+        dist.init_process_group('gloo', rank=int(os.environ['RANK']), world_size={world_size})
+        launch = dict(launcher='pytorch',
+                      cfg=dict(model_wrapper_cfg=dict(type='AnyDeviceDistributedDataParallel')))
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
     runner = Runner(
@@ -58,8 +67,19 @@ RUN = textwrap.dedent('''
         val_evaluator=Evaluator(ValidationCount()), val_cfg=dict(),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
         default_hooks=dict(checkpoint=AtomicCheckpointHook(
-            interval=100, by_epoch={by_epoch}, save_last=False, save_best='score', rule='greater')),
-        randomness=dict(seed=0))
+            interval={interval}, max_keep_ckpts={max_keep}, by_epoch={by_epoch}, save_last=False,
+            save_best={save_best!r}, rule='greater')),
+        randomness=dict(seed=0), **launch)
+    if {fail_call} and int(os.environ.get('RANK', 0)) == 0:
+        save, calls = runner.save_checkpoint, []
+
+        def failing_save(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == {fail_call}:
+                raise TypeError("cannot pickle 'generator' object")
+            return save(*args, **kwargs)
+
+        runner.save_checkpoint = failing_save
     with checkpoint_write_faults(slow={slow}, error={error!r}, from_write={from_write}):
         runner.train()
     print('DONE')
@@ -67,14 +87,17 @@ RUN = textwrap.dedent('''
 
 
 def _script(tmp_path, max_iters=3, val_begin=1, slow=0.0, error=None, from_write=1,
-            by_epoch=False):
+            by_epoch=False, interval=100, max_keep=-1, save_best='score', world_size=1,
+            fail_call=0):
     """The run's script; ``by_epoch``: ``max_iters`` epochs of 2 iterations each."""
     length = f'max_epochs={max_iters}' if by_epoch else f'max_iters={max_iters}'
     loop = f'dict(by_epoch={by_epoch}, {length}, val_begin={val_begin}, val_interval=1)'
     path = tmp_path / f'run_{len(list(tmp_path.glob("run_*.py")))}.py'
     path.write_text(RUN.format(plugins=PLUGINS, work_dir=str(tmp_path / 'work'),
                                loop=loop, by_epoch=by_epoch, slow=slow,
-                               error=error, from_write=from_write))
+                               error=error, from_write=from_write, interval=interval,
+                               max_keep=max_keep, save_best=save_best,
+                               world_size=world_size, fail_call=fail_call))
     return [sys.executable, str(path)]
 
 
@@ -161,10 +184,106 @@ def test_a_finished_replacement_drops_the_held_link(tmp_path):
         ['best_score_iter_2.pth']
 
 
-@pytest.mark.parametrize('name', ['best_score_iter_1.pth', 'best_coco_bbox_mAP_iter_12.pth'])
-def test_held_names_follow_mmengine(name):
+@pytest.mark.parametrize('tmpl,name', [('iter_{}.pth', 'best_score_iter_1.pth'),
+                                       ('iter_{}.pth', 'best_coco_bbox_mAP_iter_12.pth'),
+                                       ('iter_{:06d}.pth', 'best_score_iter_000012.pth')])
+def test_held_names_follow_mmengine(tmpl, name):
     """The names the hook holds are mmengine's: best_<key>_<filename_tmpl>."""
     from inline_mm.engine.checkpoint_files import _best_regex
-    match = _best_regex('iter_{}.pth').match(name)
+    match = _best_regex(tmpl).match(name)
     assert match is not None and match.group('key') == name[5:name.rindex('_iter_')]
-    assert _best_regex('iter_{}.pth').match('iter_1.pth') is None
+    assert int(match.group('step')) == int(name[name.rindex('_') + 1:-4])
+    assert _best_regex(tmpl).match(tmpl.format(1)) is None
+
+
+def test_a_stale_older_best_is_not_taken_for_the_replacement(tmp_path):
+    """best_score_iter_1.pth (left over, its link not made) does not count as the
+    replacement of the held best_score_iter_2.pth: that one is put back."""
+    from inline_mm.engine.checkpoint_files import settle_held_best
+    (tmp_path / 'best_score_iter_1.pth').write_bytes(b'old')
+    (tmp_path / ('best_score_iter_2.pth' + HELD_SUFFIX)).write_bytes(b'held')
+    (tmp_path / ('best_other_iter_2.pth' + HELD_SUFFIX)).write_bytes(b'replaced')
+    (tmp_path / 'best_other_iter_3.pth').write_bytes(b'new')
+    assert settle_held_best(str(tmp_path), 'iter_{}.pth') == \
+        [str(tmp_path / 'best_score_iter_2.pth')]
+    assert _files(tmp_path) == ['best_other_iter_3.pth', 'best_score_iter_1.pth',
+                                'best_score_iter_2.pth']
+    assert (tmp_path / 'best_score_iter_2.pth').read_bytes() == b'held'
+
+
+@pytest.mark.slow
+def test_a_failed_write_for_one_metric_puts_back_that_metrics_previous_best_only(tmp_path):
+    """Two metrics improve; 'score''s new best is written, 'other''s write fails: the old
+    'other' best comes back, the old 'score' best (replaced) does not."""
+    run = _run(tmp_path, max_iters=2, save_best=['score', 'other'], error='ENOSPC',
+               from_write=4)  # 1, 2: both bests of iteration 1; 3: score's of iteration 2
+    work = str(tmp_path / 'work')
+    assert run.returncode != 0
+    kept = os.path.join(work, 'best_other_iter_1.pth')
+    assert f'The previous best checkpoint {kept} is kept.' in run.stderr
+    assert [f for f in _files(work) if f.endswith('.pth') or HELD_SUFFIX in f] == \
+        ['best_other_iter_1.pth', 'best_score_iter_2.pth']
+
+
+@pytest.mark.slow
+def test_the_periodic_checkpoint_written_again_after_a_new_best(tmp_path):
+    """After a new best, the periodic checkpoint is written again so that it records it.
+
+    Checkpoints every 2 iterations, one kept, a new best at each: at iteration 3 the
+    checkpoint written again is iter_3.pth, which replaces iter_2.pth.
+    """
+    run = _run(tmp_path, max_iters=3, interval=2, max_keep=1)
+    assert run.returncode == 0, run.stderr
+    work = str(tmp_path / 'work')
+    assert [f for f in _files(work) if f.endswith('.pth')] == \
+        ['best_score_iter_3.pth', 'iter_3.pth']
+    state = torch.load(os.path.join(work, 'iter_3.pth'), map_location='cpu',
+                       weights_only=False)
+    assert state['message_hub']['runtime_info']['best_ckpt'] == \
+        os.path.join(work, 'best_score_iter_3.pth')
+    with open(os.path.join(work, 'last_checkpoint')) as f:
+        assert f.read() == os.path.join(work, 'iter_3.pth')
+
+
+@pytest.mark.slow
+def test_a_failed_write_of_the_periodic_checkpoint_after_a_new_best_keeps_the_old_one(
+        tmp_path):
+    """mmengine deletes iter_2.pth before it writes iter_3.pth again after iteration 3's new
+    best; here iter_3's write fails on a full disk and iter_2.pth stays, named by the pointer.
+
+    Writes: 1 best_1; 2 iter_2, 3 best_2, 4 iter_2 again; 5 best_3, 6 iter_3.
+    """
+    run = _run(tmp_path, max_iters=3, interval=2, max_keep=1, error='ENOSPC', from_write=6)
+    work = str(tmp_path / 'work')
+    assert run.returncode != 0
+    assert (f'CheckpointWriteError: cannot write checkpoint {work}/iter_3.pth: No space left on '
+            f'device. Nothing was overwritten') in run.stderr
+    assert checkpoint_problem(os.path.join(work, 'iter_2.pth')) is None
+    assert not os.path.exists(os.path.join(work, 'iter_3.pth'))
+    with open(os.path.join(work, 'last_checkpoint')) as f:
+        assert f.read() == os.path.join(work, 'iter_2.pth')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('fail_call', [1, 2], ids=['periodic', 'best'])
+def test_an_error_of_rank_0_while_saving_stops_both_processes(tmp_path, fail_call):
+    """Rank 0's save raises a non-OSError (a bug): it keeps its traceback, rank 1 stops with
+    a CheckpointWriteError at once instead of waiting in its next collective."""
+    from conftest import free_port
+    script = _script(tmp_path, max_iters=2, interval=1, world_size=2, fail_call=fail_call)
+    env = dict(os.environ, WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()),
+               OMP_NUM_THREADS='1')
+    procs = [subprocess.Popen(script, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              cwd=REPO_ROOT, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(2)]
+    try:
+        # long below the process group's timeout (30 minutes)
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode != 0 for p in procs] == [True, True]
+    assert "TypeError: cannot pickle 'generator' object" in outs[0][1]
+    assert 'CheckpointWriteError: cannot write' in outs[1][1]
+    assert 'the process of rank 0 could not write it (its log says why)' in outs[1][1]
+    assert not [f for f in _files(str(tmp_path / 'work')) if HELD_SUFFIX in f]

@@ -9,10 +9,11 @@ module adds:
 * :func:`newest_readable_checkpoint`: the newest intact one among the pointer's file
   and the files of the checkpoint name template, each newer unreadable one logged;
 * :class:`CheckpointWriteError`: what a failed checkpoint write raises;
-* :func:`hold_best_checkpoints` / :func:`release_held` / :func:`recover_held_best`:
+* :func:`hold_best_checkpoints` / :func:`settle_held_best` / :func:`recover_held_best`:
   mmengine's ``save_best`` deletes the previous best checkpoint before it writes
   the new one; a hard link (``<name>.held``) keeps the previous one's data until
-  the new one is in place, and puts it back when the run died in between.
+  the new one is in place, and puts it back when the write failed or the run
+  died in between.
 """
 import logging
 import os
@@ -57,8 +58,9 @@ def checkpoint_problem(path: str) -> Optional[str]:
 
 
 def _template_pattern(filename_tmpl: str) -> str:
-    head, _, tail = filename_tmpl.partition('{}')
-    return re.escape(head) + r'(\d+)' + re.escape(tail) + '$'
+    """``filename_tmpl``'s names as a regex; the step (``{}``, ``{:06d}``) is group ``step``."""
+    head, tail = (re.split(r'\{[^{}]*\}', filename_tmpl, maxsplit=1) + [''])[:2]
+    return re.escape(head) + r'(?P<step>\d+)' + re.escape(tail) + '$'
 
 
 def _template_regex(filename_tmpl: str) -> 're.Pattern[str]':
@@ -86,7 +88,7 @@ def newest_readable_checkpoint(folder: str, filename_tmpl: str = 'iter_{}.pth',
             match = regex.match(name)
             if match:
                 path = osp.join(folder, name)
-                candidates[path] = (osp.getmtime(path), int(match.group(1)))
+                candidates[path] = (osp.getmtime(path), int(match.group('step')))
     if named and osp.isfile(named):
         candidates.setdefault(named, (osp.getmtime(named), -1))
     elif named:
@@ -132,50 +134,45 @@ def hold_best_checkpoints(folder: str, filename_tmpl: str) -> List[str]:
     return held
 
 
-def release_held(held: List[str], restore: bool = False) -> None:
-    """Drop the links of :func:`hold_best_checkpoints`.
+def settle_held_best(folder: str, filename_tmpl: str) -> List[str]:
+    """Put back each held best checkpoint whose replacement was not written; drop the links.
 
-    With ``restore``, each link whose original is gone is renamed back to it
-    (what a failed write of the new best checkpoint calls).
-    """
-    for link in held:
-        original = link[:-len(HELD_SUFFIX)]
-        if not osp.lexists(link):
-            continue
-        if restore and not osp.exists(original):
-            os.replace(link, original)
-        else:
-            os.remove(link)
-
-
-def recover_held_best(folder: str, filename_tmpl: str, logger: Any = None) -> List[str]:
-    """Put back the best checkpoints a run died replacing; drop the other links.
-
-    A ``<name>.held`` link is left only by a run that stopped inside
-    ``save_best``.  Its original is renamed back unless a newer best checkpoint
-    of the same metric was written (the replacement finished); writes are
-    atomic, so a best checkpoint that exists is whole.  Returns the restored
-    paths.
+    A ``<name>.held`` link (:func:`hold_best_checkpoints`) is dropped where its
+    original still exists (that metric did not improve) or where a best
+    checkpoint of the same metric at a later step exists (the replacement was
+    written; writes are atomic, so one that exists is whole); otherwise it is
+    renamed back to its original.  Returns the restored paths.
     """
     if not osp.isdir(folder):
         return []
     regex = _best_regex(filename_tmpl)
     names = os.listdir(folder)
-    kept = {name: regex.match(name) for name in names if not name.endswith(HELD_SUFFIX)}
+    bests = [m for m in (regex.match(n) for n in names if not n.endswith(HELD_SUFFIX)) if m]
     restored = []
     for name in sorted(n for n in names if n.endswith(HELD_SUFFIX)):
         link, original = osp.join(folder, name), osp.join(folder, name[:-len(HELD_SUFFIX)])
-        match = regex.match(name[:-len(HELD_SUFFIX)])
-        replaced = match is not None and any(
-            m is not None and m.group('key') == match.group('key') and other != match.string
-            and not osp.exists(osp.join(folder, other + HELD_SUFFIX))
-            for other, m in kept.items())
+        held = regex.match(name[:-len(HELD_SUFFIX)])
+        # a later best of the same metric: a stale older one (whose link could not be
+        # made) does not count as the replacement
+        replaced = held is not None and any(
+            m.group('key') == held.group('key') and int(m.group('step')) > int(held.group('step'))
+            for m in bests)
         if osp.exists(original) or replaced:
             os.remove(link)
-            continue
-        os.replace(link, original)
-        restored.append(original)
-        _warn(logger, f'restored the best checkpoint {original}: the run stopped while '
+        else:
+            os.replace(link, original)
+            restored.append(original)
+    return restored
+
+
+def recover_held_best(folder: str, filename_tmpl: str, logger: Any = None) -> List[str]:
+    """:func:`settle_held_best` for the links of a run that stopped inside ``save_best``.
+
+    Logs each best checkpoint it puts back; returns their paths.
+    """
+    restored = settle_held_best(folder, filename_tmpl)
+    for path in restored:
+        _warn(logger, f'restored the best checkpoint {path}: the run stopped while '
                       f'save_best was replacing it')
     return restored
 

@@ -13,7 +13,7 @@ through any ``CheckpointHook`` (what :class:`PreemptionHook` saves with).
 import functools
 import os
 import os.path as osp
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 from mmengine.dist import all_reduce, broadcast_object_list, get_world_size, is_main_process
@@ -22,8 +22,8 @@ from mmengine.registry import HOOKS
 
 from ...checkpoint import mmengine_checkpoint_globals
 from ..atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
-from ..checkpoint_files import (HELD_SUFFIX, CheckpointWriteError, hold_best_checkpoints,
-                                newest_readable_checkpoint, recover_held_best, release_held)
+from ..checkpoint_files import (CheckpointWriteError, hold_best_checkpoints,
+                                newest_readable_checkpoint, recover_held_best, settle_held_best)
 from .rng_state import RNGStateHook
 
 #: file name start of the mid-epoch checkpoints written on preemption
@@ -39,6 +39,32 @@ def agree(flag: bool) -> bool:
     value = torch.tensor([1 if flag else 0], dtype=torch.int32)
     all_reduce(value, op='max')  # mmengine.dist moves it to the backend's device
     return bool(value.item())
+
+
+def _stop_on_every_rank(error: Optional[Exception], message: Callable[[str], str]) -> None:
+    """After rank 0 wrote (or failed to): raise on every process when it failed.
+
+    An ``OSError`` (a full disk, a read-only folder) becomes a
+    :class:`CheckpointWriteError` with ``message(reason)``; any other error keeps
+    its own traceback.  The other processes raise a ``CheckpointWriteError``
+    too, instead of waiting in their next collective until the process group
+    times out.  One all-reduce, on every process.
+    """
+    if not agree(error is not None):
+        return
+    if error is not None and not isinstance(error, OSError):
+        raise error
+    reason = (error.strerror or str(error)) if error is not None else \
+        'the process of rank 0 could not write it (its log says why)'
+    raise CheckpointWriteError(message(reason)) from error
+
+
+def _best_records(runner) -> dict:
+    """The ``best_*`` entries of mmengine's message hub (score and path per metric).
+
+    They change exactly when ``save_best`` saves a new best checkpoint.
+    """
+    return {k: v for k, v in runner.message_hub.runtime_info.items() if k.startswith('best_')}
 
 
 def _scope_checkpoint_globals(runner) -> None:
@@ -119,14 +145,19 @@ class AtomicCheckpointHook(CheckpointHook):
       it writes the new one: a hard link keeps the previous one until the new
       one is in place, a failed write puts it back and stops the run with a
       :class:`~inline_mm.engine.checkpoint_files.CheckpointWriteError`, and
-      the next run puts it back where a run died in between.
+      the next run puts it back where a run died in between;
+    * after a new best, mmengine writes the periodic checkpoint again (deleting
+      the oldest kept one before it writes); here that write is :meth:`save_step`;
+    * a write that fails on rank 0 for any reason stops every process with an
+      error at once (not after the process group's timeout).
 
     Arguments are those of mmengine's ``CheckpointHook``.  Saves go through
     the atomic local backend unless ``backend_args`` / ``file_client_args``
     name another storage.  The periodic saves (``after_train_iter`` /
     ``after_train_epoch``, the public hook methods) are this class's own; a
     ``save_best`` checkpoint is written by mmengine's ``after_val_epoch``,
-    around which this class holds the previous one.
+    around which this class holds the previous one (with ``last_ckpt`` unset,
+    so that mmengine leaves the re-save of the periodic checkpoint to it).
     """
 
     def before_run(self, runner) -> None:
@@ -163,31 +194,40 @@ class AtomicCheckpointHook(CheckpointHook):
             recover_held_best(str(self.out_dir), self.filename_tmpl, runner.logger)
 
     def after_val_epoch(self, runner, metrics) -> None:
-        """mmengine's ``save_best``, the previous best kept until the new one is written."""
+        """mmengine's ``save_best``, the previous best kept until the new one is written.
+
+        After a new best, mmengine writes the periodic checkpoint of this step
+        again (so that it records the new best, which a resumed run then knows
+        to replace); that write goes through :meth:`save_step` here, atomic and
+        deleting an old checkpoint only after it.
+        """
         if not self.save_best:
             return super().after_val_epoch(runner, metrics)
         folder = str(self.out_dir)
-        held = hold_best_checkpoints(folder, self.filename_tmpl) \
-            if is_main_process() and _is_local(folder) else []
-        error: Optional[OSError] = None
+        hold = is_main_process() and _is_local(folder)
+        before = _best_records(runner)
+        # mmengine re-saves the periodic checkpoint itself when ``last_ckpt`` is set
+        last_ckpt, self.last_ckpt = self.last_ckpt, None
+        error: Optional[Exception] = None
+        kept: List[str] = []  # previous best checkpoints put back after a failed write
         try:
-            super().after_val_epoch(runner, metrics)
-        except OSError as err:  # rank 0 writes; every rank learns of it below
+            try:
+                if hold:
+                    hold_best_checkpoints(folder, self.filename_tmpl)
+                super().after_val_epoch(runner, metrics)  # rank 0 writes
+            finally:
+                self.last_ckpt = last_ckpt
+                if hold:  # also on a KeyboardInterrupt
+                    kept = settle_held_best(folder, self.filename_tmpl)
+        except Exception as err:  # every rank learns of it below
             error = err
-        except BaseException:
-            release_held(held, restore=True)
-            raise
-        release_held(held, restore=error is not None)
-        kept = [link[:-len(HELD_SUFFIX)] for link in held
-                if osp.exists(link[:-len(HELD_SUFFIX)])]
-        if agree(error is not None):
-            reason = getattr(error, 'strerror', None) or str(error) if error else \
-                'the process of rank 0 could not write it'
-            still = f'The previous best checkpoint {", ".join(kept)} is kept. ' if kept else ''
-            raise CheckpointWriteError(
-                f'cannot write the best checkpoint in {folder}: {reason}. {still}'
-                f'Free space or make the work dir writable, then resume with --resume') \
-                from error
+        still = f'The previous best checkpoint {", ".join(kept)} is kept. ' if kept else ''
+        _stop_on_every_rank(error, lambda reason: (
+            f'cannot write the best checkpoint in {folder}: {reason}. {still}'
+            f'Free space or make the work dir writable, then resume with --resume'))
+        if last_ckpt is not None and _best_records(runner) != before:
+            step = runner.epoch if self.by_epoch else runner.iter
+            self.save_step(runner, step, dict(epoch=runner.epoch, iter=runner.iter))
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         """Save every ``interval`` iterations (from ``save_begin``) and at the last one."""
@@ -271,7 +311,7 @@ def _write_checkpoint(hook: CheckpointHook, runner, filename: str, meta: dict,
         if isinstance(other, RNGStateHook):
             other.gather()
     path = hook.file_backend.join_path(hook.out_dir, filename)
-    error: Optional[BaseException] = None
+    error: Optional[Exception] = None
     if is_main_process():
         try:
             runner.save_checkpoint(
@@ -280,18 +320,15 @@ def _write_checkpoint(hook: CheckpointHook, runner, filename: str, meta: dict,
                 save_param_scheduler=hook.save_param_scheduler, meta=meta,
                 by_epoch=hook.by_epoch, backend_args=hook.backend_args, **hook.args)
             atomic_write(path, osp.join(runner.work_dir, 'last_checkpoint'))
-        except OSError as err:
+        except Exception as err:  # every rank learns of it below
             error = err
-    if agree(error is not None):
-        previous = _previous_checkpoints(runner, path)
-        where = path  # the checkpoint the user looks for, not the temp file
-        reason = getattr(error, 'strerror', None) or str(error) if error else \
-            'the process of rank 0 could not write it'
-        raise CheckpointWriteError(
-            f'cannot write checkpoint {where}: {reason}. Nothing was overwritten: '
-            f'{"the previous checkpoint " + previous[0] + " and " if previous else ""}'
-            f'{osp.join(runner.work_dir, "last_checkpoint")} are intact; free space or '
-            f'make the work dir writable, then resume with --resume') from error
+    previous = _previous_checkpoints(runner, path) if error is not None else []
+    # the path named is the checkpoint the user looks for, not the temp file
+    _stop_on_every_rank(error, lambda reason: (
+        f'cannot write checkpoint {path}: {reason}. Nothing was overwritten: '
+        f'{"the previous checkpoint " + previous[0] + " and " if previous else ""}'
+        f'{osp.join(runner.work_dir, "last_checkpoint")} are intact; free space or '
+        f'make the work dir writable, then resume with --resume'))
     if is_main_process():
         if not filename.startswith(PREEMPT_PREFIX):  # a later checkpoint replaces them
             remove = remove + _preempt_checkpoints(hook)
