@@ -91,6 +91,17 @@ def _oldest_constructor(name: str) -> list:
     raise AssertionError(f'{name} is not in the inventory {OLDEST}')
 
 
+def test_epoch_loop_constructor_is_what_the_resumable_loop_passes_on():
+    """ResumableEpochBasedTrainLoop takes mmengine's constructor arguments by position and
+    passes them on, with ``exact_resume`` of its own."""
+    from inline_mm.engine.loops import ResumableEpochBasedTrainLoop
+    ours = _params(ResumableEpochBasedTrainLoop.__init__)
+    assert ours[-1] == 'exact_resume'
+    expected = ours[1:-1]
+    assert _params(EpochBasedTrainLoop.__init__)[1:] == expected
+    assert _oldest_constructor('EpochBasedTrainLoop') == expected
+
+
 def test_checkpoint_hook_settings_are_public_attributes():
     hook = CheckpointHook(interval=2, by_epoch=False, max_keep_ckpts=1)
     missing = [name for name in HOOK_SETTINGS if not hasattr(hook, name)]

@@ -13,11 +13,21 @@ stop.  Replaying loads the data of the skipped batches: a stop late in a long
 epoch costs that epoch's data loading time once.  It overrides the public
 ``run_epoch`` / ``run_iter`` of mmengine's loop (``tests/test_mmengine_contract.py``
 checks their signatures) and reads its public ``iter`` / ``epoch``.
-"""
-from typing import Callable, Optional, Sequence
 
+Persistent data-loader workers (``persistent_workers=True``, mmdet's dataset
+bases) keep their random state from one epoch to the next, and no checkpoint
+holds it: a run resumed at epoch ``k`` starts fresh workers whose draws differ
+from those an uninterrupted run makes in epoch ``k``.  The loop therefore builds
+its dataloader without persistent workers (workers start afresh every epoch, as
+in the resumed run), saying so in the log; ``exact_resume=False`` keeps them.
+"""
+import logging
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from mmengine.logging import print_log
 from mmengine.registry import LOOPS
 from mmengine.runner import EpochBasedTrainLoop
+from torch.utils.data import DataLoader
 
 
 @LOOPS.register_module()
@@ -28,6 +38,27 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
     it with ``train_cfg = dict(type='ResumableEpochBasedTrainLoop')`` (the
     recipes of ``configs/det`` do).
     """
+
+    def __init__(self, runner, dataloader: Union[DataLoader, Dict], max_epochs: int,
+                 val_begin: int = 1, val_interval: int = 1,
+                 dynamic_intervals: Optional[List[Tuple[int, int]]] = None,
+                 exact_resume: bool = True) -> None:
+        """mmengine's arguments, and ``exact_resume``: no persistent workers (see above)."""
+        if exact_resume and isinstance(dataloader, dict) and \
+                dataloader.get('persistent_workers') and dataloader.get('num_workers', 0) > 0:
+            dataloader = {**dataloader, 'persistent_workers': False}
+            print_log('train_dataloader: persistent_workers turned off so that a resumed run '
+                      'draws the same random augmentations as an uninterrupted one '
+                      '(persistent workers carry their random state across epochs, which no '
+                      'checkpoint holds); train_cfg.exact_resume=False keeps them',
+                      logger='current')
+        elif exact_resume and getattr(dataloader, 'persistent_workers', False):
+            print_log('train_dataloader was built with persistent workers: a run resumed at '
+                      'an epoch boundary will draw other random augmentations than an '
+                      'uninterrupted one (pass the dataloader as a config dict to have them '
+                      'turned off)', logger='current', level=logging.WARNING)
+        super().__init__(runner, dataloader, max_epochs, val_begin, val_interval,
+                         dynamic_intervals)
 
     #: called once, after the replay and before the first new batch is fetched
     #: (:class:`~inline_mm.engine.hooks.RNGStateHook` restores the random states there)

@@ -93,7 +93,9 @@ class RNGStateHook(Hook):
     replay of the batches already trained), so random augmentation in the
     main process (``num_workers=0``) matches an uninterrupted run; data-loader
     workers are seeded from the run's seed and replay the same batches, so
-    their augmentations match as well.
+    their augmentations match as well (in epoch-based loops only where workers
+    start afresh each epoch, which
+    :class:`~inline_mm.engine.loops.ResumableEpochBasedTrainLoop` sees to).
     """
 
     priority = 'VERY_HIGH'
