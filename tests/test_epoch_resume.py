@@ -33,20 +33,23 @@ def write_config(path, root, signal_at=None):
     return str(path)
 
 
-#: small for the CPU: no ImageNet weights, one block a stage, 128 px, 2 epochs of 2
-#: batches of 2 (4 images), flip on
+#: small for the CPU: no ImageNet weights, one block a stage, 128 px, epochs of 2 batches of
+#: 2 (4 images), flip on
 BASE_OPTIONS = ['--cfg-options', 'model.backbone.init_cfg=None',
                 'model.backbone.depths=[1,1,1,1]',
                 'train_dataloader.dataset.pipeline.2.scale=(128,128)',
-                'train_dataloader.batch_size=2', 'train_cfg.max_epochs=2',
-                'train_cfg.val_interval=10', 'default_hooks.logger.interval=1',
+                'train_dataloader.batch_size=2', 'default_hooks.logger.interval=1',
                 'randomness.seed=0', 'randomness.deterministic=True']
 
-#: the loader in the main process, or the recipe's own 2 persistent workers
-#: (mmdet's dataset base), which the loop turns into per-epoch ones
-LOADERS = {'main-process': ['train_dataloader.num_workers=0',
-                            'train_dataloader.persistent_workers=False'],
-           'recipe-workers': []}
+#: (options, epochs): 2 epochs with the loader in the main process, no validation; or 3
+#: epochs with the recipe's own loaders (2 persistent workers each, mmdet's dataset base:
+#: the loop makes the training ones per-epoch) and a validation after each epoch, so the
+#: resumed run validates (with fresh workers) before it trains epoch 3
+LOADERS = {'main-process': (['train_dataloader.num_workers=0',
+                             'train_dataloader.persistent_workers=False',
+                             'train_cfg.max_epochs=2', 'train_cfg.val_interval=10'], 2),
+           'recipe-workers-validating': (['train_cfg.max_epochs=3',
+                                          'train_cfg.val_interval=1'], 3)}
 
 
 def state_dict(path):
@@ -55,7 +58,7 @@ def state_dict(path):
 
 @pytest.mark.parametrize('loader', list(LOADERS))
 def test_mid_epoch_sigterm_resumes_exactly(shapes_coco, tmp_path, loader):  # noqa: F811
-    OPTIONS = BASE_OPTIONS + LOADERS[loader]
+    OPTIONS, epochs = BASE_OPTIONS + LOADERS[loader][0], LOADERS[loader][1]
     straight = tmp_path / 'straight'
     out = run([write_config(tmp_path / 'straight.py', shapes_coco), '--work-dir',
                str(straight), *OPTIONS])
@@ -76,14 +79,17 @@ def test_mid_epoch_sigterm_resumes_exactly(shapes_coco, tmp_path, loader):  # no
                '--resume', *OPTIONS])
     assert out.returncode == 0, out.stderr[-3000:]
     log = out.stdout + out.stderr
-    assert ('persistent_workers turned off' in log) == (loader == 'recipe-workers')
+    assert ('persistent_workers turned off' in log) == (loader != 'main-process')
     trained = re.findall(r'Epoch\(train\) +\[(\d+)\]\[ *(\d+)/(\d+)\]', log)
-    assert trained == [('2', '2', '2')], log[-3000:]  # only the batch after the stop
+    # only the batch after the stop, then the later epochs
+    assert trained == [('2', '2', '2')] + [(str(e), str(b), '2') for e in range(3, epochs + 1)
+                                          for b in (1, 2)], log[-3000:]
     assert 'day' not in ''.join(re.findall(r'eta: [^ ]+ [^ ]*', log))  # no negative ETA
     # the later checkpoint replaces the preemption's
     assert sorted(os.path.basename(p) for p in glob.glob(str(work / '*.pth'))) == \
-        ['epoch_1.pth', 'epoch_2.pth']
-    expected, got = state_dict(straight / 'epoch_2.pth'), state_dict(work / 'epoch_2.pth')
+        [f'epoch_{e}.pth' for e in range(1, epochs + 1)]
+    last = f'epoch_{epochs}.pth'
+    expected, got = state_dict(straight / last), state_dict(work / last)
     assert expected.keys() == got.keys()
     for key in expected:
         assert torch.equal(expected[key], got[key]), key

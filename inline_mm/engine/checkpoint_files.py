@@ -139,9 +139,12 @@ def settle_held_best(folder: str, filename_tmpl: str) -> List[str]:
 
     A ``<name>.held`` link (:func:`hold_best_checkpoints`) is dropped where its
     original still exists (that metric did not improve) or where a best
-    checkpoint of the same metric at a later step exists (the replacement was
-    written; writes are atomic, so one that exists is whole); otherwise it is
-    renamed back to its original.  Returns the restored paths.
+    checkpoint of the same metric was written after the hold (modified no
+    earlier than the held file's inode changed: the link, then mmengine's
+    delete; writes are atomic, so one that exists is whole); otherwise it is
+    renamed back to its original.  A best file of that metric older than the
+    hold (left by an earlier run, or one whose link could not be made) is not
+    taken for the replacement.  Returns the restored paths.
     """
     if not osp.isdir(folder):
         return []
@@ -152,11 +155,10 @@ def settle_held_best(folder: str, filename_tmpl: str) -> List[str]:
     for name in sorted(n for n in names if n.endswith(HELD_SUFFIX)):
         link, original = osp.join(folder, name), osp.join(folder, name[:-len(HELD_SUFFIX)])
         held = regex.match(name[:-len(HELD_SUFFIX)])
-        # a later best of the same metric: a stale older one (whose link could not be
-        # made) does not count as the replacement
+        held_at = os.stat(link).st_ctime_ns
         replaced = held is not None and any(
-            m.group('key') == held.group('key') and int(m.group('step')) > int(held.group('step'))
-            for m in bests)
+            m.group('key') == held.group('key') and m.string != held.string and
+            os.stat(osp.join(folder, m.string)).st_mtime_ns >= held_at for m in bests)
         if osp.exists(original) or replaced:
             os.remove(link)
         else:

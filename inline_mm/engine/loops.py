@@ -19,15 +19,43 @@ bases) keep their random state from one epoch to the next, and no checkpoint
 holds it: a run resumed at epoch ``k`` starts fresh workers whose draws differ
 from those an uninterrupted run makes in epoch ``k``.  The loop therefore builds
 its dataloader without persistent workers (workers start afresh every epoch, as
-in the resumed run), saying so in the log; ``exact_resume=False`` keeps them.
+in the resumed run), saying so in the log, and seeds each epoch's workers from
+their usual seed and the epoch (:class:`EpochWorkerSeeds`; mmengine seeds them
+alike in every epoch, which would repeat one epoch's random draws in the next);
+``exact_resume=False`` keeps mmengine's behaviour.
 """
 import logging
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+import random
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
+import torch
 from mmengine.logging import print_log
 from mmengine.registry import LOOPS
 from mmengine.runner import EpochBasedTrainLoop
 from torch.utils.data import DataLoader
+
+
+class EpochWorkerSeeds:
+    """A data-loader ``worker_init_fn`` that seeds each epoch's workers apart.
+
+    Calls the loader's own ``worker_init_fn`` (mmengine's seeds a worker from
+    the run's seed, its rank and worker id), then reseeds python, numpy and torch
+    from the seed the worker got and :attr:`epoch`, which the loop sets before
+    the epoch's workers start.  Picklable (``spawn`` start method).
+    """
+
+    def __init__(self, inner: Optional[Callable[[int], Any]] = None) -> None:
+        self.inner = inner
+        self.epoch = 0
+
+    def __call__(self, worker_id: int) -> None:
+        if self.inner is not None:
+            self.inner(worker_id)
+        seed = int(np.random.SeedSequence([torch.initial_seed(), self.epoch]).generate_state(1)[0])
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
 
 
 @LOOPS.register_module()
@@ -45,7 +73,7 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
                  exact_resume: bool = True) -> None:
         """mmengine's arguments, and ``exact_resume``: no persistent workers (see above)."""
         if exact_resume and isinstance(dataloader, dict) and \
-                dataloader.get('persistent_workers') and dataloader.get('num_workers', 0) > 0:
+                dataloader.get('persistent_workers') and int(dataloader.get('num_workers', 0)) > 0:
             dataloader = {**dataloader, 'persistent_workers': False}
             print_log('train_dataloader: persistent_workers turned off so that a resumed run '
                       'draws the same random augmentations as an uninterrupted one '
@@ -59,6 +87,11 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
                       'turned off)', logger='current', level=logging.WARNING)
         super().__init__(runner, dataloader, max_epochs, val_begin, val_interval,
                          dynamic_intervals)
+        self._worker_seeds: Optional[EpochWorkerSeeds] = None
+        if exact_resume and self.dataloader.num_workers > 0 and \
+                not self.dataloader.persistent_workers:
+            self._worker_seeds = EpochWorkerSeeds(self.dataloader.worker_init_fn)
+            self.dataloader.worker_init_fn = self._worker_seeds
 
     #: called once, after the replay and before the first new batch is fetched
     #: (:class:`~inline_mm.engine.hooks.RNGStateHook` restores the random states there)
@@ -80,6 +113,8 @@ class ResumableEpochBasedTrainLoop(EpochBasedTrainLoop):
         over there, so the indices, the hooks of the epoch and the epoch count
         stay mmengine's.
         """
+        if self._worker_seeds is not None:  # before the epoch's workers start
+            self._worker_seeds.epoch = self.epoch
         self.replayed_batches = self.batches_done_in_epoch
         if self.replayed_batches:
             self.runner.logger.info(

@@ -218,7 +218,7 @@ class AtomicCheckpointHook(CheckpointHook):
             finally:
                 self.last_ckpt = last_ckpt
                 if hold:  # also on a KeyboardInterrupt
-                    kept = settle_held_best(folder, self.filename_tmpl)
+                    kept = self._settle(runner, folder)
         except Exception as err:  # every rank learns of it below
             error = err
         still = f'The previous best checkpoint {", ".join(kept)} is kept. ' if kept else ''
@@ -228,6 +228,16 @@ class AtomicCheckpointHook(CheckpointHook):
         if last_ckpt is not None and _best_records(runner) != before:
             step = runner.epoch if self.by_epoch else runner.iter
             self.save_step(runner, step, dict(epoch=runner.epoch, iter=runner.iter))
+
+    def _settle(self, runner, folder: str) -> List[str]:
+        """:func:`settle_held_best`; a failure there is logged, not raised (the write's own
+        outcome decides; the next run settles what is left)."""
+        try:
+            return settle_held_best(folder, self.filename_tmpl)
+        except OSError as err:
+            runner.logger.warning(f'could not settle the held best checkpoints of {folder} '
+                                  f'({err}); the next run in this work dir does')
+            return []
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         """Save every ``interval`` iterations (from ``save_begin``) and at the last one."""

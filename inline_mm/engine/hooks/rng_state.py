@@ -103,15 +103,21 @@ class RNGStateHook(Hook):
     def __init__(self) -> None:
         self._pending: Optional[Dict[str, Any]] = None
         self._gathered: Optional[List[Dict[str, Any]]] = None
+        self._before_val: Optional[Dict[str, Any]] = None
 
     def gather(self) -> None:
         """Collect the states of every process; call on all processes before a save."""
-        state = _capture_rng()
+        state = self._training_rng()
         self._gathered = all_gather_object(state) if get_world_size() > 1 else [state]
+
+    def _training_rng(self) -> Dict[str, Any]:
+        """The states training goes on with: during validation (a ``save_best``
+        checkpoint), those from before it, which :meth:`after_val` puts back."""
+        return self._before_val if self._before_val is not None else _capture_rng()
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         states, self._gathered = self._gathered, None
-        checkpoint['rng_states'] = states if states is not None else [_capture_rng()]
+        checkpoint['rng_states'] = states if states is not None else [self._training_rng()]
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         states = checkpoint.get('rng_states')
@@ -127,6 +133,21 @@ class RNGStateHook(Hook):
                 f'random draws will not repeat those of the interrupted run exactly')
             rank = 0
         self._pending = states[rank]
+
+    def before_val(self, runner) -> None:
+        self._before_val = _capture_rng()
+
+    def after_val(self, runner) -> None:
+        """Validation leaves the random states as it found them.
+
+        A loader draws its workers' base seed from the main process's torch
+        generator whenever it starts an iterator: a resumed run's first
+        validation starts one where an uninterrupted run reuses its persistent
+        workers, and training after it would draw differently.
+        """
+        state, self._before_val = self._before_val, None
+        if state is not None:
+            _restore_rng(state)
 
     def before_train(self, runner) -> None:
         state, self._pending = self._pending, None
