@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from mmengine.logging import print_log
 
 from ..checkpoint import load_checkpoint_file
+from .atomic_io import atomic_write
 
 
 class CheckpointWriteError(RuntimeError):
@@ -103,6 +104,8 @@ def newest_readable_checkpoint(folder: str, filename_tmpl: str = 'iter_{}.pth',
 
 #: the name ending of a best checkpoint's hard link while ``save_best`` replaces it
 HELD_SUFFIX = '.held'
+#: the best checkpoints a folder held when the hold began (one name a line)
+HELD_MANIFEST = '.best_checkpoints_held'
 
 
 def _best_regex(filename_tmpl: str) -> 're.Pattern[str]':
@@ -118,9 +121,12 @@ def hold_best_checkpoints(folder: str, filename_tmpl: str) -> List[str]:
     links: then the hold is skipped, as mmengine would do without it).
     """
     regex, held = _best_regex(filename_tmpl), []
-    for name in sorted(os.listdir(folder)) if osp.isdir(folder) else []:
+    names = sorted(n for n in os.listdir(folder) if regex.match(n)) if osp.isdir(folder) else []
+    if names:  # what was there before: a best file not listed is a replacement
+        atomic_write(''.join(n + '\n' for n in names), osp.join(folder, HELD_MANIFEST))
+    for name in names:
         path = osp.join(folder, name)
-        if regex.match(name) and osp.isfile(path):
+        if osp.isfile(path):
             link = path + HELD_SUFFIX
             try:
                 if osp.lexists(link):
@@ -139,31 +145,36 @@ def settle_held_best(folder: str, filename_tmpl: str) -> List[str]:
 
     A ``<name>.held`` link (:func:`hold_best_checkpoints`) is dropped where its
     original still exists (that metric did not improve) or where a best
-    checkpoint of the same metric was written after the hold (modified no
-    earlier than the held file's inode changed: the link, then mmengine's
-    delete; writes are atomic, so one that exists is whole); otherwise it is
-    renamed back to its original.  A best file of that metric older than the
-    hold (left by an earlier run, or one whose link could not be made) is not
-    taken for the replacement.  Returns the restored paths.
+    checkpoint of the same metric exists that the folder did not hold when the
+    hold began (its list, :data:`HELD_MANIFEST`): the replacement was written
+    (writes are atomic, so one that exists is whole).  Otherwise, also without
+    that list, the link is renamed back to its original: a stale duplicate at
+    worst, never a lost best.  Returns the restored paths.
     """
     if not osp.isdir(folder):
         return []
     regex = _best_regex(filename_tmpl)
+    manifest = osp.join(folder, HELD_MANIFEST)
+    before: Optional[set] = None
+    if osp.isfile(manifest):
+        with open(manifest) as f:
+            before = set(f.read().split())
     names = os.listdir(folder)
-    bests = [m for m in (regex.match(n) for n in names if not n.endswith(HELD_SUFFIX)) if m]
+    new = [m for m in (regex.match(n) for n in names if not n.endswith(HELD_SUFFIX)) if m] \
+        if before is not None else []
     restored = []
     for name in sorted(n for n in names if n.endswith(HELD_SUFFIX)):
         link, original = osp.join(folder, name), osp.join(folder, name[:-len(HELD_SUFFIX)])
         held = regex.match(name[:-len(HELD_SUFFIX)])
-        held_at = os.stat(link).st_ctime_ns
-        replaced = held is not None and any(
-            m.group('key') == held.group('key') and m.string != held.string and
-            os.stat(osp.join(folder, m.string)).st_mtime_ns >= held_at for m in bests)
+        replaced = held is not None and before is not None and any(
+            m.group('key') == held.group('key') and m.string not in before for m in new)
         if osp.exists(original) or replaced:
             os.remove(link)
         else:
             os.replace(link, original)
             restored.append(original)
+    if before is not None:
+        os.remove(manifest)
     return restored
 
 

@@ -191,7 +191,11 @@ class AtomicCheckpointHook(CheckpointHook):
                 self.backend_args = dict(backend=ATOMIC_BACKEND)
         super().before_train(runner)  # resolves out_dir
         if self.save_best and is_main_process() and _is_local(self.out_dir):
-            recover_held_best(str(self.out_dir), self.filename_tmpl, runner.logger)
+            try:
+                recover_held_best(str(self.out_dir), self.filename_tmpl, runner.logger)
+            except OSError as err:
+                runner.logger.warning(f'could not settle the held best checkpoints of '
+                                      f'{self.out_dir} ({err}); the .held links stay')
 
     def after_val_epoch(self, runner, metrics) -> None:
         """mmengine's ``save_best``, the previous best kept until the new one is written.
@@ -236,7 +240,7 @@ class AtomicCheckpointHook(CheckpointHook):
             return settle_held_best(folder, self.filename_tmpl)
         except OSError as err:
             runner.logger.warning(f'could not settle the held best checkpoints of {folder} '
-                                  f'({err}); the next run in this work dir does')
+                                  f'({err}); the next run in this work dir tries again')
             return []
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:

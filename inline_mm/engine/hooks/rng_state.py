@@ -149,6 +149,9 @@ class RNGStateHook(Hook):
         if state is not None:
             _restore_rng(state)
 
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        self._before_val = None  # a validation that raised (caught by a caller) is over
+
     def before_train(self, runner) -> None:
         state, self._pending = self._pending, None
         if state is None:
