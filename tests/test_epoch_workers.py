@@ -70,7 +70,7 @@ def test_each_epoch_draws_anew_and_two_runs_draw_alike(tmp_path):
 
 def test_exact_resume_off_keeps_persistent_workers(tmp_path):
     import inline_mm.engine  # noqa: F401
-    runner, epochs = _train(tmp_path / 'a', exact_resume=False)
+    runner, _ = _train(tmp_path / 'a', exact_resume=False)
     assert runner.train_loop.dataloader.persistent_workers
     assert not isinstance(runner.train_loop.dataloader.worker_init_fn, EpochWorkerSeeds)
 
