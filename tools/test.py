@@ -8,7 +8,11 @@
 ``<work_dir>/<timestamp>/vis/`` (detectors and segmentors alike).  ``--out``
 pickles the predictions: for detectors mmdet's ``DumpDetResults`` (boxes,
 scores, labels, masks as RLE), for segmentors the predicted label maps with
-the image metadata (no logits).
+the image metadata (no logits).  ``--confusion-matrix cm.json`` (segmentors)
+logs the pixel confusion matrix of the test set and writes it to ``cm.json``;
+mmseg's ``confusion_matrix.py`` is off by one class on ADE20K-layout sets
+(``inline_mm.engine.metrics``).  For detectors mmdet's own
+``tools/analysis_tools/confusion_matrix.py`` reads the ``--out`` pickle.
 """
 import argparse
 import os.path as osp
@@ -32,6 +36,9 @@ def parse_args(argv=None):
     parser.add_argument('--work-dir', help='where the evaluation log goes')
     parser.add_argument('--out', help='dump the predictions to this pickle file (detectors: '
                         'boxes / scores / labels / RLE masks; segmentors: label maps)')
+    parser.add_argument('--confusion-matrix', metavar='JSON',
+                        help='segmentors: log the pixel confusion matrix of the test set and '
+                        'write it to this JSON file')
     parser.add_argument('--amp', action='store_true',
                         help='mixed precision: fp16 on a GPU, bf16 on the CPU (detectors: '
                         'backbone and neck, the heads and mmcv ops stay fp32)')
@@ -49,6 +56,10 @@ def main(argv=None) -> None:
         raise MissingFileError(f'checkpoint {args.checkpoint!r} not found')
     cfg = load_config(args.config, args.cfg_options, args.launcher)
     task = task_of(cfg)
+    if args.confusion_matrix and task != 'mmseg':
+        raise ConfigError('--confusion-matrix is for segmentors; for a detector, write the '
+                          'predictions with --out results.pkl and run mmdet\'s '
+                          'tools/analysis_tools/confusion_matrix.py on them')
     # a file that is not a checkpoint, or one of another model (mmengine loads it with a
     # warning and evaluates to 0 mAP), stops here in one line, before anything is written
     check_checkpoint_fits(build_model(cfg), args.checkpoint)
@@ -60,14 +71,18 @@ def main(argv=None) -> None:
         if task == 'mmseg':  # mmdet's hook has test_out_dir; this one gives mmseg the same
             hook.type = 'SegTestVisualizationHook'
         hook.test_out_dir = args.show_dir
+    added = []
     if args.out:
         if not args.out.endswith(('.pkl', '.pickle')):
             raise ConfigError(f'--out must end with .pkl, got {args.out!r}')
-        dump = dict(type='DumpDetResults' if task == 'mmdet' else 'DumpSegResults',
-                    out_file_path=args.out)
+        added.append(dict(type='DumpDetResults' if task == 'mmdet' else 'DumpSegResults',
+                          out_file_path=args.out))
+    if args.confusion_matrix:
+        added.append(dict(type='SegConfusionMatrix', out_file=args.confusion_matrix))
+    if added:
         evaluators = cfg.test_evaluator
-        cfg.test_evaluator = [evaluators, dump] if isinstance(evaluators, dict) \
-            else [*evaluators, dump]
+        cfg.test_evaluator = [evaluators, *added] if isinstance(evaluators, dict) \
+            else [*evaluators, *added]
 
     def test(runner):
         if args.amp:

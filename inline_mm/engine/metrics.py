@@ -1,15 +1,26 @@
-"""``tools/test.py --out`` for segmentors: keep the label maps, not the logits.
+"""Segmentation evaluators for ``tools/test.py``: ``--out`` and ``--confusion-matrix``.
 
 mmengine's ``DumpResults`` pickles every data sample whole; a segmentor's
 samples carry ``seg_logits`` (classes x H x W floats per image), so 40 toy
 images give a 108 MB file.  :class:`DumpSegResults` keeps what evaluation and
 users need: the predicted label map (as the smallest integer type that holds
 the class indices), the ground-truth path and the image metadata.
+
+mmseg's ``tools/analysis_tools/confusion_matrix.py`` reads predictions saved as
+label files (``format_only`` writes them with ``reduce_zero_label``'s 1 added
+back) and subtracts 1 from ground truth its pipeline has already reduced, so on
+ADE20K-layout sets (ADE20K itself) its rows and columns are off by one class.
+:class:`SegConfusionMatrix` counts inside the test loop, from each sample's own
+``gt_sem_seg`` and ``pred_sem_seg``, as mmseg's ``IoUMetric`` does.
 """
-from typing import Any, Dict, Sequence
+import json
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
-from mmengine.evaluator import DumpResults
+from mmengine.evaluator import BaseMetric, DumpResults
+from mmengine.logging import MMLogger
+
+from .atomic_io import atomic_write
 
 #: per-sample entries kept besides the predicted label map
 KEPT_META = ('img_path', 'seg_map_path', 'ori_shape', 'img_shape', 'pad_shape',
@@ -44,5 +55,60 @@ class DumpSegResults(DumpResults):
         super().process(data_batch, kept)
 
 
+class SegConfusionMatrix(BaseMetric):
+    """Pixel confusion matrix of a segmentor on its test set.
+
+    Rows are the true classes, columns the predicted ones, counted over the
+    pixels whose label is not ``ignore_index`` (the pixels ``IoUMetric``
+    scores).  The matrix is logged as percentages of each true class and
+    written to ``out_file`` as JSON (``classes``, ``counts``,
+    ``percent_of_true``).  It adds no metric to the run's results.
+
+    Args:
+        out_file (str): the JSON file to write (atomically).
+        ignore_index (int): label of the pixels not scored. Defaults to 255.
+    """
+
+    default_prefix = 'confusion'
+
+    def __init__(self, out_file: str, ignore_index: int = 255, collect_device: str = 'cpu',
+                 prefix: Optional[str] = None) -> None:
+        super().__init__(collect_device=collect_device, prefix=prefix)
+        self.out_file = out_file
+        self.ignore_index = ignore_index
+
+    def process(self, data_batch: Any, data_samples: Sequence[Dict]) -> None:
+        n = len(self.dataset_meta['classes'])
+        for sample in data_samples:
+            pred = sample['pred_sem_seg']['data'].squeeze().cpu().long()
+            gt = sample['gt_sem_seg']['data'].squeeze().cpu().long()
+            gt, pred = gt[gt != self.ignore_index], pred[gt != self.ignore_index]
+            bad = gt[(gt < 0) | (gt >= n)]
+            if bad.numel():
+                raise ValueError(
+                    f'label {int(bad[0])} in {sample.get("seg_map_path", "a label map")} is '
+                    f'neither one of the {n} class indices nor ignore_index '
+                    f'{self.ignore_index}: check the dataset\'s classes and reduce_zero_label')
+            self.results.append(torch.bincount(n * gt + pred, minlength=n * n).reshape(n, n))
+
+    def compute_metrics(self, results: List[torch.Tensor]) -> Dict[str, float]:
+        classes = [str(c) for c in self.dataset_meta['classes']]
+        counts = torch.stack(results).sum(0)
+        percent = 100 * counts / counts.sum(1, keepdim=True).clamp(min=1)
+        atomic_write(json.dumps(dict(classes=classes, rows='true class',
+                                     columns='predicted class', counts=counts.tolist(),
+                                     percent_of_true=percent.round(decimals=1).tolist()),
+                                indent=1), self.out_file)
+        width = max(10, *map(len, classes)) + 1
+        lines = ['confusion matrix (% of each true class; rows true, columns predicted):',
+                 ''.ljust(width) + ''.join(c[:width - 1].rjust(width) for c in classes)]
+        lines += [name.ljust(width) + ''.join(f'{v:{width}.1f}' for v in row.tolist())
+                  for name, row in zip(classes, percent)]
+        lines.append(f'counts and percentages written to {self.out_file}')
+        MMLogger.get_current_instance().info('\n'.join(lines))
+        return {}
+
+
 if METRICS is not None:
     METRICS.register_module(module=DumpSegResults)
+    METRICS.register_module(module=SegConfusionMatrix)

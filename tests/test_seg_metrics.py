@@ -1,0 +1,108 @@
+"""The segmentation evaluators of ``tools/test.py``: the pixel confusion matrix."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO_ROOT, tool_env
+
+pytest.importorskip('mmseg')
+from mmengine.evaluator import Evaluator  # noqa: E402
+from mmengine.structures import PixelData  # noqa: E402
+from mmseg.structures import SegDataSample  # noqa: E402
+
+import inline_mm.engine  # noqa: E402,F401  (registers SegConfusionMatrix)
+from inline_mm.engine.metrics import SegConfusionMatrix  # noqa: E402
+
+CLASSES = ('background', 'circle', 'rectangle')
+
+
+def _sample(gt: np.ndarray, pred: np.ndarray) -> SegDataSample:
+    sample = SegDataSample(metainfo=dict(seg_map_path='x.png'))
+    sample.gt_sem_seg = PixelData(data=torch.from_numpy(gt)[None])
+    sample.pred_sem_seg = PixelData(data=torch.from_numpy(pred)[None])
+    return sample
+
+
+def _evaluate(samples, out_file):
+    evaluator = Evaluator([dict(type='mmseg.IoUMetric', iou_metrics=['mIoU']),
+                           SegConfusionMatrix(out_file=str(out_file))])
+    evaluator.dataset_meta = dict(classes=CLASSES)
+    evaluator.process(data_samples=samples)
+    return evaluator.evaluate(len(samples))
+
+
+def test_confusion_matrix_counts_the_scored_pixels_as_iou_metric_does(tmp_path):
+    rng = np.random.default_rng(0)
+    pairs = []
+    for shape in ((6, 5), (4, 7)):
+        gt = rng.integers(0, 3, shape)
+        gt[0, :3] = 255  # not scored
+        pairs.append((gt, rng.integers(0, 3, shape)))
+    metrics = _evaluate([_sample(g, p) for g, p in pairs], tmp_path / 'cm.json')
+    written = json.loads((tmp_path / 'cm.json').read_text())
+    # independent count: pixel by pixel
+    expected = np.zeros((3, 3), int)
+    for gt, pred in pairs:
+        for t, p in zip(gt.ravel(), pred.ravel()):
+            if t != 255:
+                expected[t, p] += 1
+    assert written['classes'] == list(CLASSES)
+    assert written['counts'] == expected.tolist()
+    assert np.allclose(written['percent_of_true'],
+                       np.round(100 * expected / expected.sum(1, keepdims=True), 1))
+    # the IoU of its counts is mmseg's IoUMetric's
+    counts = np.array(written['counts'])
+    iou = np.diag(counts) / (counts.sum(0) + counts.sum(1) - np.diag(counts))
+    assert metrics['mIoU'] == pytest.approx(100 * iou.mean(), abs=0.01)
+    assert not any(k.startswith('confusion') for k in metrics)  # adds no metric
+
+
+def test_a_label_outside_the_classes_is_named(tmp_path):
+    gt = np.array([[0, 1], [4, 2]])  # 4: not one of the 3 classes, not 255
+    with pytest.raises(ValueError, match=r"label 4 in x.png is neither one of the 3 class "
+                                         r"indices nor ignore_index 255: check"):
+        _evaluate([_sample(gt, np.zeros_like(gt))], tmp_path / 'cm.json')
+    assert not (tmp_path / 'cm.json').exists()
+
+
+@pytest.mark.slow
+def test_test_tool_writes_the_matrix_of_a_segmentor_and_refuses_a_detector(tmp_path):
+    from mmengine.config import Config
+
+    from inline_mm.datasets import make_ade_toy
+    from inline_mm.engine.runner_utils import build_model
+    root = str(tmp_path / 'ade')
+    make_ade_toy(root, num_train=1, num_val=3, image_size=64, seed=3)
+    config = os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')
+    torch.manual_seed(0)
+    ckpt = str(tmp_path / 'random.pth')
+    torch.save({'state_dict': build_model(Config.fromfile(config)).state_dict()}, ckpt)
+    test = os.path.join(REPO_ROOT, 'tools', 'test.py')
+    out = subprocess.run([sys.executable, test, config, ckpt, '--work-dir', str(tmp_path / 'w'),
+                          '--confusion-matrix', str(tmp_path / 'cm.json'), '--cfg-options',
+                          f'test_dataloader.dataset.data_root={root}/'],
+                         capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    counts = np.array(json.loads((tmp_path / 'cm.json').read_text())['counts'])
+    assert counts.shape == (4, 4) and counts.sum() > 0
+    assert 'confusion matrix (% of each true class; rows true, columns predicted):' in log
+    # every scored pixel of the 3 images, as the run's own mIoU line has them
+    iou = np.diag(counts) / np.maximum(counts.sum(0) + counts.sum(1) - np.diag(counts), 1)
+    present = counts.sum(0) + counts.sum(1) > 0
+    logged = float(log.split('mIoU: ')[-1].split()[0])
+    assert logged == pytest.approx(100 * iou[present].mean(), abs=0.01)
+
+    det = os.path.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
+    out = subprocess.run([sys.executable, test, det, ckpt, '--confusion-matrix',
+                          str(tmp_path / 'det.json')],
+                         capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
+    assert out.returncode == 2 and 'Traceback' not in out.stderr, out.stderr[-3000:]
+    assert "--confusion-matrix is for segmentors; for a detector, write the predictions " \
+           "with --out results.pkl and run mmdet's tools/analysis_tools/confusion_matrix.py" \
+           in out.stderr
+    assert not (tmp_path / 'det.json').exists()
