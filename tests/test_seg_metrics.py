@@ -28,8 +28,9 @@ def _sample(gt: np.ndarray, pred: np.ndarray) -> SegDataSample:
 
 
 def _evaluate(samples, out_file):
-    evaluator = Evaluator([dict(type='mmseg.IoUMetric', iou_metrics=['mIoU']),
-                           SegConfusionMatrix(out_file=str(out_file))])
+    # in tools/test.py's order: the matrix before the config's metrics
+    evaluator = Evaluator([SegConfusionMatrix(out_file=str(out_file)),
+                           dict(type='mmseg.IoUMetric', iou_metrics=['mIoU'])])
     evaluator.dataset_meta = dict(classes=CLASSES)
     evaluator.process(data_samples=samples)
     return evaluator.evaluate(len(samples))
@@ -67,6 +68,25 @@ def test_a_label_outside_the_classes_is_named(tmp_path):
                                          r"indices nor ignore_index 255: check"):
         _evaluate([_sample(gt, np.zeros_like(gt))], tmp_path / 'cm.json')
     assert not (tmp_path / 'cm.json').exists()
+
+
+def test_a_prediction_outside_the_classes_is_named(tmp_path):
+    gt = np.array([[0, 1], [2, 2]])
+    pred = np.array([[0, 3], [2, 2]])  # 3: a 4-class head on a 3-class set
+    with pytest.raises(ValueError, match=r"predicted class 3 .* the dataset has 3 classes: "
+                                         r"set the decode head's num_classes"):
+        _evaluate([_sample(gt, pred)], tmp_path / 'cm.json')
+
+
+def test_a_test_set_without_label_maps_is_refused_with_the_fix_named(tmp_path):
+    sample = SegDataSample(metainfo=dict(img_path='a.jpg'))
+    sample.pred_sem_seg = PixelData(data=torch.zeros(1, 2, 2, dtype=torch.long))
+    (tmp_path / 'cm.json').write_text('earlier matrix')
+    with pytest.raises(ValueError, match=r"a.jpg has no ground-truth label map: a confusion "
+                                         r"matrix needs an annotated test set .* without "
+                                         r"--confusion-matrix"):
+        _evaluate([sample], tmp_path / 'cm.json')
+    assert (tmp_path / 'cm.json').read_text() == 'earlier matrix'  # not overwritten
 
 
 @pytest.mark.slow

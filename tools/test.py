@@ -71,18 +71,19 @@ def main(argv=None) -> None:
         if task == 'mmseg':  # mmdet's hook has test_out_dir; this one gives mmseg the same
             hook.type = 'SegTestVisualizationHook'
         hook.test_out_dir = args.show_dir
-    added = []
+    added, first = [], []
     if args.out:
         if not args.out.endswith(('.pkl', '.pickle')):
             raise ConfigError(f'--out must end with .pkl, got {args.out!r}')
         added.append(dict(type='DumpDetResults' if task == 'mmdet' else 'DumpSegResults',
                           out_file_path=args.out))
     if args.confusion_matrix:
-        added.append(dict(type='SegConfusionMatrix', out_file=args.confusion_matrix))
-    if added:
+        # first: on a test set without label maps its message, not IoUMetric's KeyError
+        first.append(dict(type='SegConfusionMatrix', out_file=args.confusion_matrix))
+    if added or first:
         evaluators = cfg.test_evaluator
-        cfg.test_evaluator = [evaluators, *added] if isinstance(evaluators, dict) \
-            else [*evaluators, *added]
+        evaluators = [evaluators] if isinstance(evaluators, dict) else list(evaluators)
+        cfg.test_evaluator = [*first, *evaluators, *added]
 
     def test(runner):
         if args.amp:

@@ -80,6 +80,12 @@ class SegConfusionMatrix(BaseMetric):
     def process(self, data_batch: Any, data_samples: Sequence[Dict]) -> None:
         n = len(self.dataset_meta['classes'])
         for sample in data_samples:
+            if 'gt_sem_seg' not in sample:
+                raise ValueError(
+                    f'{sample.get("img_path", "a test image")} has no ground-truth label map: '
+                    'a confusion matrix needs an annotated test set (seg_map_path in the '
+                    'dataset and LoadAnnotations in the test pipeline); run without '
+                    '--confusion-matrix on unannotated images')
             pred = sample['pred_sem_seg']['data'].squeeze().cpu().long()
             gt = sample['gt_sem_seg']['data'].squeeze().cpu().long()
             gt, pred = gt[gt != self.ignore_index], pred[gt != self.ignore_index]
@@ -89,6 +95,12 @@ class SegConfusionMatrix(BaseMetric):
                     f'label {int(bad[0])} in {sample.get("seg_map_path", "a label map")} is '
                     f'neither one of the {n} class indices nor ignore_index '
                     f'{self.ignore_index}: check the dataset\'s classes and reduce_zero_label')
+            bad = pred[(pred < 0) | (pred >= n)]
+            if bad.numel():  # would be counted in another true class's row
+                raise ValueError(
+                    f'the model predicted class {int(bad[0])} for '
+                    f'{sample.get("img_path", "an image")}, but the dataset has {n} classes: '
+                    'set the decode head\'s num_classes to the number of classes')
             self.results.append(torch.bincount(n * gt + pred, minlength=n * n).reshape(n, n))
 
     def compute_metrics(self, results: List[torch.Tensor]) -> Dict[str, float]:
