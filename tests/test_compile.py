@@ -143,8 +143,22 @@ def test_compiled_backbone_copies_without_its_compiled_function():
     model = InLinePVT(arch='tiny', depths=[1, 1, 1, 1], compile=True)
     model._compiled = lambda x: pytest.fail('the copy ran the original compiled function')
     for twin in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-        assert twin._compiled is None and twin.compile_options == dict(fullgraph=True,
-                                                                       dynamic=True)
+        assert twin._compiled is None and twin.compile_options == model.compile_options
+
+
+def test_symbolic_sizes_on_inductor_turn_its_layout_optimisation_off():
+    """Without it torch 2.14's inductor stops on a training graph's saved channels-last
+    activations ("cannot determine truth value of Relational"); torch.compile takes
+    ``mode`` or ``options``, not both, and an explicit option wins."""
+    from inline_mm.models.backbones.base import compile_options
+    off = {'layout_optimization': False}
+    assert compile_options(True, 'X') == dict(fullgraph=True, dynamic=True, options=off)
+    assert compile_options(dict(options={'freezing': True}), 'X')['options'] == \
+        {'layout_optimization': False, 'freezing': True}
+    assert compile_options(dict(options={'layout_optimization': True}), 'X')['options'] == \
+        {'layout_optimization': True}
+    for kept in (dict(mode='max-autotune'), dict(backend='aot_eager'), dict(dynamic=False)):
+        assert 'options' not in compile_options(kept, 'X')
 
 
 @pytest.mark.slow  # about two minutes: AOT autograd traces the toy detector's backbone

@@ -27,15 +27,27 @@ def compile_options(compile: Union[bool, dict, None], cls_name: str) -> Optional
 
     False / None: eager; True: :data:`COMPILE_DEFAULTS`; a dict: those defaults
     updated by it (e.g. ``dict(backend='aot_eager')``, ``dict(mode='max-autotune')``).
+    Symbolic sizes on inductor without a ``mode`` also get inductor's
+    ``layout_optimization`` off, unless ``options`` sets it.
     """
     if compile is None or compile is False:
         return None
     if compile is True:
-        return dict(COMPILE_DEFAULTS)
-    if isinstance(compile, dict):
-        return {**COMPILE_DEFAULTS, **compile}
-    raise ConfigError(f'compile of {cls_name} is True, False or a dict of torch.compile '
-                      f"arguments (e.g. dict(mode='max-autotune')), got {compile!r}")
+        compile = {}
+    if not isinstance(compile, dict):
+        raise ConfigError(f'compile of {cls_name} is True, False or a dict of torch.compile '
+                          f"arguments (e.g. dict(mode='max-autotune')), got {compile!r}")
+    options = {**COMPILE_DEFAULTS, **compile}
+    if options.get('dynamic') and options.get('backend', 'inductor') == 'inductor' \
+            and 'mode' not in options:  # torch.compile takes mode or options, not both
+        # inductor's layout optimisation gives the activations a training graph saves
+        # for backward channels-last strides and then orders them by size; with symbolic
+        # sizes such as ceil(H / 4) (every patch embedding) torch 2.14's inductor cannot
+        # and stops with "cannot determine truth value of Relational".  Off, the saved
+        # tensors keep the layouts the backbone gives them (its convolutions take
+        # channels-last views already).
+        options['options'] = {'layout_optimization': False, **(options.get('options') or {})}
+    return options
 
 
 def init_transformer_weights(module: nn.Module) -> None:
