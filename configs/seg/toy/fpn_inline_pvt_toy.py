@@ -15,8 +15,8 @@ dataset_type = 'ADEToyDataset'  # ADE20KDataset with the toy classes (inline_mm.
 num_classes = 4
 image_size = (128, 128)  # the generated images are 256x256
 width = 64
-# batch 4 for 4000 iterations: the same images seen as 2000 of batch 8, at about the
-# same wall time, with twice the updates (mIoU 56.5 -> 61.0 and 55.1 -> 65.0, seeds 0
+# batch 4 for 4000 iterations: the same images seen as 2000 of batch 8, about 15 %
+# longer on the clock, with twice the updates (mIoU 56.5 -> 61.0 and 55.1 -> 65.0, seeds 0
 # and 1, docs/demo_time.md)
 max_iters = 4000
 val_interval = max_iters
