@@ -161,6 +161,37 @@ def test_symbolic_sizes_on_inductor_turn_its_layout_optimisation_off():
         assert 'options' not in compile_options(kept, 'X')
 
 
+@pytest.mark.slow  # inductor writes and builds C++ kernels: about half a minute
+def test_inductor_compiles_the_training_graph_of_a_padded_patch_embedding():
+    """The pattern of every family's stem under ``compile_options(True)``: a padded image,
+    a strided convolution, tokens, a per-sample depthwise convolution on their grid
+    (sizes ceil(H / 4), symbolic), forward and backward on inductor."""
+    from inline_mm.models.backbones.base import compile_options
+    from inline_mm.models.layers.inline_attention import (depthwise_conv3x3_per_sample,
+                                                          grid_to_tokens)
+    from inline_mm.models.layers.windows import pad_image
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 16, 4, 4)
+    kernels = torch.randn(2 * 16, 1, 3, 3, requires_grad=True)
+
+    def stem(img):
+        x = conv(pad_image(img, 4))
+        return depthwise_conv3x3_per_sample(grid_to_tokens(x), tuple(x.shape[2:]), kernels)
+
+    # with compile=dict(options=dict(layout_optimization=True)) torch 2.14's inductor
+    # stops here: "cannot determine truth value of Relational"
+    compiled = torch.compile(stem, **compile_options(True, 'X'))
+    img = torch.randn(2, 3, 62, 45)
+    out = compiled(img)
+    grads = torch.autograd.grad(out.square().sum(), [kernels, conv.weight])
+    expected = stem(img)
+    expected_grads = torch.autograd.grad(expected.square().sum(), [kernels, conv.weight])
+    assert out.shape == (2, 16 * 12, 16)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow  # about two minutes: AOT autograd traces the toy detector's backbone
 def test_toy_detector_trains_with_a_compiled_backbone(toy_root, tmp_path):
     work_dir = str(tmp_path / 'work')
