@@ -53,8 +53,9 @@ def test_confusion_matrix_counts_the_scored_pixels_as_iou_metric_does(tmp_path):
                 expected[t, p] += 1
     assert written['classes'] == list(CLASSES)
     assert written['counts'] == expected.tolist()
-    assert np.allclose(written['percent_of_true'],
-                       np.round(100 * expected / expected.sum(1, keepdims=True), 1))
+    percent = np.array(written['percent_of_true'])
+    assert np.allclose(percent, 100 * expected / expected.sum(1, keepdims=True), atol=0.005)
+    assert all(v == round(v, 2) for v in percent.ravel())  # no float32 noise in the JSON
     # the IoU of its counts is mmseg's IoUMetric's
     counts = np.array(written['counts'])
     iou = np.diag(counts) / (counts.sum(0) + counts.sum(1) - np.diag(counts))
@@ -67,7 +68,6 @@ def test_a_label_outside_the_classes_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"label 4 in x.png is neither one of the 3 class "
                                          r"indices nor ignore_index 255: check"):
         _evaluate([_sample(gt, np.zeros_like(gt))], tmp_path / 'cm.json')
-    assert not (tmp_path / 'cm.json').exists()
 
 
 def test_a_prediction_outside_the_classes_is_named(tmp_path):
@@ -76,6 +76,29 @@ def test_a_prediction_outside_the_classes_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"predicted class 3 .* the dataset has 3 classes: "
                                          r"set the decode head's num_classes"):
         _evaluate([_sample(gt, pred)], tmp_path / 'cm.json')
+
+
+def test_an_image_keeps_only_the_class_pairs_it_has():
+    # a 150-class set (ADE20K): an image with two classes keeps 2 pairs, not 150 x 150 counts
+    metric = SegConfusionMatrix(out_file='unused.json')
+    metric.dataset_meta = dict(classes=[str(i) for i in range(150)])
+    gt = np.array([[0, 0, 7], [7, 7, 255]])
+    metric.process(None, [_sample(gt, np.array([[0, 7, 7], [7, 7, 0]])).to_dict()])
+    assert sum(r.numel() for r in metric.results) == 2 * 3  # (0, 0), (0, 7), (7, 7)
+
+
+def test_an_unwritable_output_file_is_refused_when_the_metric_is_built(tmp_path):
+    (tmp_path / 'a_file').write_text('')
+    with pytest.raises(ValueError, match=r"cannot write the confusion matrix to '.*a_file/cm"
+                                         r".json' \(a_file is a file, not a folder\): name a "
+                                         r"file in a writable folder"):
+        SegConfusionMatrix(out_file=str(tmp_path / 'a_file' / 'cm.json'))
+    with pytest.raises(ValueError, match=r"\(a folder, not a file\)"):
+        SegConfusionMatrix(out_file=str(tmp_path))
+    (tmp_path / 'cm.json').write_text('earlier matrix')
+    SegConfusionMatrix(out_file=str(tmp_path / 'cm.json'))  # checked, not touched
+    assert (tmp_path / 'cm.json').read_text() == 'earlier matrix'
+    assert sorted(os.listdir(tmp_path)) == ['a_file', 'cm.json']  # no probe file left
 
 
 def test_a_test_set_without_label_maps_is_refused_with_the_fix_named(tmp_path):
@@ -104,12 +127,14 @@ def test_test_tool_writes_the_matrix_of_a_segmentor_and_refuses_a_detector(tmp_p
     test = os.path.join(REPO_ROOT, 'tools', 'test.py')
     out = subprocess.run([sys.executable, test, config, ckpt, '--work-dir', str(tmp_path / 'w'),
                           '--confusion-matrix', str(tmp_path / 'cm.json'), '--cfg-options',
-                          f'test_dataloader.dataset.data_root={root}/'],
+                          f'test_dataloader.dataset.data_root={root}/',
+                          'test_evaluator.ignore_index=0'],  # the config's IoUMetric's
                          capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     log = out.stdout + out.stderr
     counts = np.array(json.loads((tmp_path / 'cm.json').read_text())['counts'])
     assert counts.shape == (4, 4) and counts.sum() > 0
+    assert counts[0].sum() == 0  # background: not scored with the config's ignore_index 0
     assert 'confusion matrix (% of each true class; rows true, columns predicted):' in log
     # every scored pixel of the 3 images, as the run's own mIoU line has them
     iou = np.diag(counts) / np.maximum(counts.sum(0) + counts.sum(1) - np.diag(counts), 1)
@@ -126,3 +151,14 @@ def test_test_tool_writes_the_matrix_of_a_segmentor_and_refuses_a_detector(tmp_p
            "with --out results.pkl and run mmdet's tools/analysis_tools/confusion_matrix.py" \
            in out.stderr
     assert not (tmp_path / 'det.json').exists()
+
+    # an output that cannot be written stops the tool before the run, not after the test set
+    (tmp_path / 'a_file').write_text('')
+    out = subprocess.run([sys.executable, test, config, ckpt, '--work-dir', str(tmp_path / 'w2'),
+                          '--confusion-matrix', str(tmp_path / 'a_file' / 'cm.json'),
+                          '--cfg-options', f'test_dataloader.dataset.data_root={root}/'],
+                         capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
+    assert out.returncode == 2 and 'Traceback' not in out.stderr, out.stderr[-3000:]
+    assert "a_file/cm.json' cannot be written (a_file is a file, not a folder): name a " \
+           "file in a writable folder" in out.stderr
+    assert not (tmp_path / 'w2').exists()

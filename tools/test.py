@@ -23,6 +23,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 import inline_mm.engine  # noqa: E402,F401  (SegTestVisualizationHook, DumpSegResults)
 from inline_mm.engine.model_fit import check_checkpoint_fits  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
+from inline_mm.engine.atomic_io import check_can_write  # noqa: E402
 from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
                                      load_config, run_with_runner, set_local_rank)
 from inline_mm.engine.runner_utils import build_model, task_of  # noqa: E402
@@ -50,6 +51,15 @@ def parse_args(argv=None):
     return args
 
 
+def _check_output_file(path: str, option: str) -> None:
+    """Stop before the test run when a file it writes at the end cannot be written."""
+    try:
+        check_can_write(path)
+    except OSError as err:
+        raise ConfigError(f'{option} {path!r} cannot be written ({err.strerror}): name a '
+                          'file in a writable folder') from err
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if not osp.isfile(args.checkpoint):
@@ -71,18 +81,24 @@ def main(argv=None) -> None:
         if task == 'mmseg':  # mmdet's hook has test_out_dir; this one gives mmseg the same
             hook.type = 'SegTestVisualizationHook'
         hook.test_out_dir = args.show_dir
+    evaluators = cfg.test_evaluator
+    evaluators = [evaluators] if isinstance(evaluators, dict) else list(evaluators)
     added, first = [], []
     if args.out:
         if not args.out.endswith(('.pkl', '.pickle')):
             raise ConfigError(f'--out must end with .pkl, got {args.out!r}')
+        _check_output_file(args.out, '--out')
         added.append(dict(type='DumpDetResults' if task == 'mmdet' else 'DumpSegResults',
                           out_file_path=args.out))
     if args.confusion_matrix:
-        # first: on a test set without label maps its message, not IoUMetric's KeyError
-        first.append(dict(type='SegConfusionMatrix', out_file=args.confusion_matrix))
+        _check_output_file(args.confusion_matrix, '--confusion-matrix')
+        # first: on a test set without label maps its message, not IoUMetric's KeyError;
+        # the pixels it counts are those the config's IoUMetric scores
+        ignore_index = next((e.get('ignore_index', 255) for e in evaluators
+                             if str(e.get('type')).endswith('IoUMetric')), 255)
+        first.append(dict(type='SegConfusionMatrix', out_file=args.confusion_matrix,
+                          ignore_index=ignore_index))
     if added or first:
-        evaluators = cfg.test_evaluator
-        evaluators = [evaluators] if isinstance(evaluators, dict) else list(evaluators)
         cfg.test_evaluator = [*first, *evaluators, *added]
 
     def test(runner):

@@ -10,7 +10,8 @@ middle leaves a truncated file under the final name.  This module adds:
 * :class:`AtomicLocalBackend`: mmengine's local file backend with ``put`` going
   through :func:`atomic_write`, registered as the file backend ``'inline_mm_atomic_local'``
   (what :class:`~inline_mm.engine.hooks.AtomicCheckpointHook` saves through);
-* :func:`remove_stale_temp_files`: the temp files of writes that were killed.
+* :func:`remove_stale_temp_files`: the temp files of writes that were killed;
+* :func:`check_can_write`: an output file checked before a run that writes it at the end.
 """
 import os
 import os.path as osp
@@ -51,6 +52,32 @@ def _umask() -> int:
     mask = os.umask(0o022)  # no getter elsewhere; a brief window for other threads
     os.umask(mask)
     return mask
+
+
+def check_can_write(path: str) -> None:
+    """Make sure ``path`` can be written later, without touching a file already there.
+
+    Creates the folder (as :func:`atomic_write` would) and writes and removes a temp
+    file in it, so a run that writes its results only at the end fails before it
+    starts instead (with several processes, a failure on rank 0 at the end would
+    leave the others waiting for it until the collective timeout).
+
+    Raises:
+        OSError: the folder cannot be made or written, or ``path`` is a folder; the
+            error carries ``path`` as its file name.
+    """
+    if osp.isdir(path):
+        raise IsADirectoryError(21, 'a folder, not a file', path)
+    folder = osp.dirname(osp.abspath(path))
+    try:
+        if osp.exists(folder) and not osp.isdir(folder):  # makedirs would say 'File exists'
+            raise NotADirectoryError(20, f'{osp.basename(folder)} is a file, not a folder', path)
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f'.{osp.basename(path)}.', suffix='.tmp', dir=folder)
+        os.close(fd)
+        os.remove(tmp)
+    except OSError as err:
+        raise type(err)(err.errno, err.strerror, path) from err
 
 
 def atomic_write(data: Union[bytes, str], path: str) -> None:

@@ -20,7 +20,8 @@ import torch
 from mmengine.evaluator import BaseMetric, DumpResults
 from mmengine.logging import MMLogger
 
-from .atomic_io import atomic_write
+from ..errors import ConfigError
+from .atomic_io import atomic_write, check_can_write
 
 #: per-sample entries kept besides the predicted label map
 KEPT_META = ('img_path', 'seg_map_path', 'ori_shape', 'img_shape', 'pad_shape',
@@ -62,7 +63,9 @@ class SegConfusionMatrix(BaseMetric):
     pixels whose label is not ``ignore_index`` (the pixels ``IoUMetric``
     scores).  The matrix is logged as percentages of each true class and
     written to ``out_file`` as JSON (``classes``, ``counts``,
-    ``percent_of_true``).  It adds no metric to the run's results.
+    ``percent_of_true`` rounded to 0.01).  It adds no metric to the run's
+    results.  ``out_file`` is checked when the metric is built, so an
+    unwritable path stops the run before the first image.
 
     Args:
         out_file (str): the JSON file to write (atomically).
@@ -74,6 +77,11 @@ class SegConfusionMatrix(BaseMetric):
     def __init__(self, out_file: str, ignore_index: int = 255, collect_device: str = 'cpu',
                  prefix: Optional[str] = None) -> None:
         super().__init__(collect_device=collect_device, prefix=prefix)
+        try:  # now, not after the whole test set (and on every rank, not only rank 0)
+            check_can_write(out_file)
+        except OSError as err:
+            raise ConfigError(f'cannot write the confusion matrix to {out_file!r} '
+                              f'({err.strerror}): name a file in a writable folder') from err
         self.out_file = out_file
         self.ignore_index = ignore_index
 
@@ -101,15 +109,21 @@ class SegConfusionMatrix(BaseMetric):
                     f'the model predicted class {int(bad[0])} for '
                     f'{sample.get("img_path", "an image")}, but the dataset has {n} classes: '
                     'set the decode head\'s num_classes to the number of classes')
-            self.results.append(torch.bincount(n * gt + pred, minlength=n * n).reshape(n, n))
+            # the (true, predicted) pairs that occur and their counts: a few per image,
+            # where a whole n x n matrix per image would be 360 MB over ADE20K's val set
+            pairs, counts = torch.unique(n * gt + pred, return_counts=True)
+            self.results.append(torch.stack([pairs, counts]))
 
     def compute_metrics(self, results: List[torch.Tensor]) -> Dict[str, float]:
         classes = [str(c) for c in self.dataset_meta['classes']]
-        counts = torch.stack(results).sum(0)
-        percent = 100 * counts / counts.sum(1, keepdim=True).clamp(min=1)
+        n = len(classes)
+        pairs, counts = torch.cat(results, dim=1) if results else torch.zeros(2, 0).long()
+        counts = torch.zeros(n * n, dtype=torch.long).index_add_(0, pairs, counts).view(n, n)
+        percent = 100 * counts.double() / counts.sum(1, keepdim=True).clamp(min=1)
         atomic_write(json.dumps(dict(classes=classes, rows='true class',
                                      columns='predicted class', counts=counts.tolist(),
-                                     percent_of_true=percent.round(decimals=1).tolist()),
+                                     percent_of_true=[[round(v, 2) for v in row]
+                                                      for row in percent.tolist()]),
                                 indent=1), self.out_file)
         width = max(10, *map(len, classes)) + 1
         lines = ['confusion matrix (% of each true class; rows true, columns predicted):',
