@@ -157,8 +157,24 @@ def test_symbolic_sizes_on_inductor_turn_its_layout_optimisation_off():
         {'layout_optimization': False, 'freezing': True}
     assert compile_options(dict(options={'layout_optimization': True}), 'X')['options'] == \
         {'layout_optimization': True}
-    for kept in (dict(mode='max-autotune'), dict(backend='aot_eager'), dict(dynamic=False)):
+    for kept in (dict(backend='aot_eager'), dict(dynamic=False)):
         assert 'options' not in compile_options(kept, 'X')
+    # a mode becomes the inductor options torch.compile gives it, with the optimisation off
+    autotune = compile_options(dict(mode='max-autotune-no-cudagraphs'), 'X')
+    from torch._inductor import list_mode_options
+    assert 'mode' not in autotune and autotune['options'] == {
+        **list_mode_options('max-autotune-no-cudagraphs', True), 'layout_optimization': False}
+    assert autotune['options']['max_autotune'] is True
+    assert compile_options(dict(mode='default'), 'X') == compile_options(True, 'X')
+    assert compile_options(dict(mode='max-autotune', dynamic=False), 'X')['mode'] == \
+        'max-autotune'  # static sizes: left to torch.compile
+    torch.compile(torch.nn.Linear(2, 2), **autotune)  # accepted as one set of options
+    with pytest.raises(ConfigError, match=r"compile of X: unknown mode 'fast'; torch.compile's "
+                                          r"modes: default, .*max-autotune"):
+        compile_options(dict(mode='fast'), 'X')
+    with pytest.raises(ConfigError, match='compile of X sets both mode and options, which '
+                                          'torch.compile refuses: give one of them'):
+        compile_options(dict(mode='max-autotune', options={'freezing': True}), 'X')
 
 
 @pytest.mark.slow  # inductor writes and builds C++ kernels: about half a minute

@@ -27,8 +27,9 @@ def compile_options(compile: Union[bool, dict, None], cls_name: str) -> Optional
 
     False / None: eager; True: :data:`COMPILE_DEFAULTS`; a dict: those defaults
     updated by it (e.g. ``dict(backend='aot_eager')``, ``dict(mode='max-autotune')``).
-    Symbolic sizes on inductor without a ``mode`` also get inductor's
-    ``layout_optimization`` off, unless ``options`` sets it.
+    Symbolic sizes on inductor also get inductor's ``layout_optimization`` off,
+    unless ``options`` sets it; a ``mode`` is then passed as the inductor options
+    it stands for (``torch.compile`` takes one or the other).
     """
     if compile is None or compile is False:
         return None
@@ -38,15 +39,30 @@ def compile_options(compile: Union[bool, dict, None], cls_name: str) -> Optional
         raise ConfigError(f'compile of {cls_name} is True, False or a dict of torch.compile '
                           f"arguments (e.g. dict(mode='max-autotune')), got {compile!r}")
     options = {**COMPILE_DEFAULTS, **compile}
-    if options.get('dynamic') and options.get('backend', 'inductor') == 'inductor' \
-            and 'mode' not in options:  # torch.compile takes mode or options, not both
+    if options.get('dynamic') and options.get('backend', 'inductor') == 'inductor':
         # inductor's layout optimisation gives the activations a training graph saves
         # for backward channels-last strides and then orders them by size; with symbolic
         # sizes such as ceil(H / 4) (every patch embedding) torch 2.14's inductor cannot
         # and stops with "cannot determine truth value of Relational".  Off, the saved
         # tensors keep the layouts the backbone gives them (its convolutions take
         # channels-last views already).
-        options['options'] = {'layout_optimization': False, **(options.get('options') or {})}
+        mode_options = {}
+        if options.get('mode') is not None:
+            # torch.compile takes mode or options, not both: a mode is the options
+            # list_mode_options gives for it (what torch.compile itself applies)
+            if options.get('options'):
+                raise ConfigError(f"compile of {cls_name} sets both mode and options, which "
+                                  'torch.compile refuses: give one of them')
+            from torch._inductor import list_mode_options
+            try:
+                mode_options = list_mode_options(options['mode'], True)
+            except (KeyError, RuntimeError) as err:
+                raise ConfigError(f"compile of {cls_name}: unknown mode {options['mode']!r}; "
+                                  f"torch.compile's modes: {', '.join(list_mode_options())}"
+                                  ) from err
+        options.pop('mode', None)
+        options['options'] = {**mode_options, 'layout_optimization': False,
+                              **(options.get('options') or {})}
     return options
 
 
