@@ -21,7 +21,8 @@ from conftest import REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, tool_env, toy_det_op
 from inline_mm import InLineCSWin, InLineDeiT, InLinePVT, InLineSwin
 from inline_mm.errors import ConfigError
 
-pytestmark = pytest.mark.skipif(
+# on the tests that run dynamo (the option checks run on every torch)
+needs_torch_2_2 = pytest.mark.skipif(
     tuple(int(v) for v in torch.__version__.split('+')[0].split('.')[:2]) < (2, 2),
     reason=f'torch {torch.__version__}: dynamo of torch 2.1 specialises the windowed '
     'backbones on their input sizes even with dynamic=True')
@@ -71,6 +72,7 @@ def assert_at_most_two_graphs(backend: CountingBackend, sizes: list) -> None:
     assert backend.graphs <= 2, f'{backend.graphs} compilations for {len(sizes)} sizes'
 
 
+@needs_torch_2_2
 @pytest.mark.slow  # up to two minutes a family: dynamo traces with symbolic sizes
 @pytest.mark.parametrize('family', list(FAMILIES))
 def test_compiled_eval_one_graph_eager_outputs(family):
@@ -86,6 +88,7 @@ def test_compiled_eval_one_graph_eager_outputs(family):
     assert_at_most_two_graphs(backend, SIZES)
 
 
+@needs_torch_2_2
 @pytest.mark.slow
 @pytest.mark.parametrize('family', list(FAMILIES))
 def test_compiled_bf16_matches_eager_bf16(family):
@@ -107,6 +110,7 @@ def test_compiled_bf16_matches_eager_bf16(family):
     assert backend.graphs == 1, f'{backend.graphs} compilations for {len(sizes)} sizes'
 
 
+@needs_torch_2_2
 @pytest.mark.slow
 @pytest.mark.parametrize('family', list(FAMILIES))
 def test_compiled_training_matches_eager_gradients(family):
@@ -177,6 +181,7 @@ def test_symbolic_sizes_on_inductor_turn_its_layout_optimisation_off():
         compile_options(dict(mode='max-autotune', options={'freezing': True}), 'X')
 
 
+@needs_torch_2_2
 @pytest.mark.slow  # inductor writes and builds C++ kernels: about half a minute
 def test_inductor_compiles_the_training_graph_of_a_padded_patch_embedding():
     """The pattern of every family's stem under ``compile_options(True)``: a padded image,
@@ -208,6 +213,7 @@ def test_inductor_compiles_the_training_graph_of_a_padded_patch_embedding():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@needs_torch_2_2
 @pytest.mark.slow  # about two minutes: AOT autograd traces the toy detector's backbone
 def test_toy_detector_trains_with_a_compiled_backbone(toy_root, tmp_path):
     work_dir = str(tmp_path / 'work')
