@@ -163,6 +163,8 @@ def test_symbolic_sizes_on_inductor_turn_its_layout_optimisation_off():
         {'layout_optimization': True}
     for kept in (dict(backend='aot_eager'), dict(dynamic=False)):
         assert 'options' not in compile_options(kept, 'X')
+    # dynamic=None: torch makes the sizes symbolic after a second size
+    assert compile_options(dict(dynamic=None), 'X')['options'] == off
     # a mode becomes the inductor options torch.compile gives it, with the optimisation off
     autotune = compile_options(dict(mode='max-autotune-no-cudagraphs'), 'X')
     from torch._inductor import list_mode_options
@@ -176,9 +178,14 @@ def test_symbolic_sizes_on_inductor_turn_its_layout_optimisation_off():
     with pytest.raises(ConfigError, match=r"compile of X: unknown mode 'fast'; torch.compile's "
                                           r"modes: default, .*max-autotune"):
         compile_options(dict(mode='fast'), 'X')
-    with pytest.raises(ConfigError, match='compile of X sets both mode and options, which '
-                                          'torch.compile refuses: give one of them'):
-        compile_options(dict(mode='max-autotune', options={'freezing': True}), 'X')
+    with pytest.raises(ConfigError, match=r"compile of X: unknown mode \['max-autotune'\]"):
+        compile_options(dict(mode=['max-autotune']), 'X')
+    assert compile_options(dict(mode=''), 'X') == compile_options(True, 'X')  # torch's default
+    for backend in ('inductor', 'aot_eager'):
+        with pytest.raises(ConfigError, match='compile of X sets both mode and options, which '
+                                              'torch.compile refuses: give one of them'):
+            compile_options(dict(mode='max-autotune', options={'freezing': True},
+                                 backend=backend), 'X')
 
 
 @needs_torch_2_2

@@ -78,13 +78,14 @@ def test_a_prediction_outside_the_classes_is_named(tmp_path):
         _evaluate([_sample(gt, pred)], tmp_path / 'cm.json')
 
 
-def test_an_image_keeps_only_the_class_pairs_it_has():
-    # a 150-class set (ADE20K): an image with two classes keeps 2 pairs, not 150 x 150 counts
-    metric = SegConfusionMatrix(out_file='unused.json')
+def test_an_image_keeps_only_the_class_pairs_it_has(tmp_path):
+    # a 150-class set (ADE20K): an image with two classes keeps 3 pairs, not 150 x 150 counts
+    metric = SegConfusionMatrix(out_file=str(tmp_path / 'cm.json'))
     metric.dataset_meta = dict(classes=[str(i) for i in range(150)])
     gt = np.array([[0, 0, 7], [7, 7, 255]])
     metric.process(None, [_sample(gt, np.array([[0, 7, 7], [7, 7, 0]])).to_dict()])
-    assert sum(r.numel() for r in metric.results) == 2 * 3  # (0, 0), (0, 7), (7, 7)
+    # (true, predicted) as true * 150 + predicted: (0, 0), (0, 7), (7, 7); and their counts
+    assert [r.tolist() for r in metric.results] == [[[0, 7, 7 * 150 + 7], [1, 1, 3]]]
 
 
 def test_an_unwritable_output_file_is_refused_when_the_metric_is_built(tmp_path):
@@ -162,3 +163,39 @@ def test_test_tool_writes_the_matrix_of_a_segmentor_and_refuses_a_detector(tmp_p
     assert "a_file/cm.json' cannot be written (a_file is a file, not a folder): name a " \
            "file in a writable folder" in out.stderr
     assert not (tmp_path / 'w2').exists()
+
+
+def _test_tool():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        'test_tool', os.path.join(REPO_ROOT, 'tools', 'test.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tool_finds_the_iou_metric_however_the_config_names_it():
+    from mmseg.evaluation import IoUMetric
+    tool = _test_tool()
+    iou = dict(type=IoUMetric, ignore_index=0)  # a class: new-style (Python) configs
+    for evaluator in (iou, [dict(type='CityscapesMetric'), iou],
+                      dict(type='Evaluator', metrics=[iou])):
+        assert tool._metric_configs(evaluator)[-1] is iou
+    assert {tool._type_name(t) for t in (IoUMetric, 'IoUMetric', 'mmseg.IoUMetric')} == \
+        {'IoUMetric'}
+
+
+def test_the_tool_checks_local_outputs_and_leaves_remote_ones_to_mmengine(tmp_path,
+                                                                         monkeypatch):
+    from inline_mm.errors import ConfigError
+    tool = _test_tool()
+    monkeypatch.chdir(tmp_path)
+    tool._check_output_file('s3://bucket/results.pkl', '--out', atomic=False)  # mmengine's
+    with pytest.raises(ConfigError, match=r"--confusion-matrix writes a local file, got "
+                                          r"'s3://bucket/cm.json'"):
+        tool._check_output_file('s3://bucket/cm.json', '--confusion-matrix', atomic=True)
+    assert os.listdir(tmp_path) == []  # no local 's3:' folder
+    with pytest.raises(ConfigError, match=r"--out 'results.pkl' cannot be written \(a folder, "
+                                          r"not a file\): name a file in a writable folder"):
+        os.mkdir('results.pkl')
+        tool._check_output_file('results.pkl', '--out', atomic=False)

@@ -51,10 +51,26 @@ def parse_args(argv=None):
     return args
 
 
-def _check_output_file(path: str, option: str) -> None:
-    """Stop before the test run when a file it writes at the end cannot be written."""
+def _metric_configs(evaluator) -> list:
+    """The metric configs of ``test_evaluator``: one, a list, or an Evaluator's ``metrics``."""
+    if isinstance(evaluator, dict):
+        evaluator = evaluator.get('metrics', evaluator)
+    return [evaluator] if isinstance(evaluator, dict) else list(evaluator)
+
+
+def _type_name(type_) -> str:
+    """``'IoUMetric'`` of ``'IoUMetric'``, ``'mmseg.IoUMetric'`` and the class itself."""
+    return type_.__name__ if isinstance(type_, type) else str(type_).rsplit('.', 1)[-1]
+
+
+def _check_output_file(path: str, option: str, atomic: bool) -> None:
+    """Stop before the test run when a local file it writes at the end cannot be written."""
+    if '://' in path:
+        if atomic:  # written through atomic_write, which writes local files
+            raise ConfigError(f'{option} writes a local file, got {path!r}')
+        return  # a path of one of mmengine's file backends (s3:// ...): its own business
     try:
-        check_can_write(path)
+        check_can_write(path, atomic)
     except OSError as err:
         raise ConfigError(f'{option} {path!r} cannot be written ({err.strerror}): name a '
                           'file in a writable folder') from err
@@ -81,25 +97,27 @@ def main(argv=None) -> None:
         if task == 'mmseg':  # mmdet's hook has test_out_dir; this one gives mmseg the same
             hook.type = 'SegTestVisualizationHook'
         hook.test_out_dir = args.show_dir
-    evaluators = cfg.test_evaluator
-    evaluators = [evaluators] if isinstance(evaluators, dict) else list(evaluators)
+    evaluators = _metric_configs(cfg.test_evaluator)
     added, first = [], []
     if args.out:
         if not args.out.endswith(('.pkl', '.pickle')):
             raise ConfigError(f'--out must end with .pkl, got {args.out!r}')
-        _check_output_file(args.out, '--out')
+        _check_output_file(args.out, '--out', atomic=False)  # mmengine's dump
         added.append(dict(type='DumpDetResults' if task == 'mmdet' else 'DumpSegResults',
                           out_file_path=args.out))
     if args.confusion_matrix:
-        _check_output_file(args.confusion_matrix, '--confusion-matrix')
+        _check_output_file(args.confusion_matrix, '--confusion-matrix', atomic=True)
         # first: on a test set without label maps its message, not IoUMetric's KeyError;
         # the pixels it counts are those the config's IoUMetric scores
         ignore_index = next((e.get('ignore_index', 255) for e in evaluators
-                             if str(e.get('type')).endswith('IoUMetric')), 255)
+                             if _type_name(e.get('type')) == 'IoUMetric'), 255)
         first.append(dict(type='SegConfusionMatrix', out_file=args.confusion_matrix,
                           ignore_index=ignore_index))
     if added or first:
-        cfg.test_evaluator = [*first, *evaluators, *added]
+        if isinstance(cfg.test_evaluator, dict) and 'metrics' in cfg.test_evaluator:
+            cfg.test_evaluator.metrics = [*first, *evaluators, *added]  # an Evaluator's
+        else:
+            cfg.test_evaluator = [*first, *evaluators, *added]
 
     def test(runner):
         if args.amp:

@@ -54,13 +54,15 @@ def _umask() -> int:
     return mask
 
 
-def check_can_write(path: str) -> None:
+def check_can_write(path: str, atomic: bool = True) -> None:
     """Make sure ``path`` can be written later, without touching a file already there.
 
     Creates the folder (as :func:`atomic_write` would) and writes and removes a temp
     file in it, so a run that writes its results only at the end fails before it
     starts instead (with several processes, a failure on rank 0 at the end would
-    leave the others waiting for it until the collective timeout).
+    leave the others waiting for it until the collective timeout).  With
+    ``atomic=False`` (a writer that opens ``path`` in place, as mmengine's
+    ``dump``) an existing file only has to be writable itself.
 
     Raises:
         OSError: the folder cannot be made or written, or ``path`` is a folder; the
@@ -68,6 +70,10 @@ def check_can_write(path: str) -> None:
     """
     if osp.isdir(path):
         raise IsADirectoryError(21, 'a folder, not a file', path)
+    if not atomic and osp.isfile(path):
+        if not os.access(path, os.W_OK):
+            raise PermissionError(13, 'the file is not writable', path)
+        return
     folder = osp.dirname(osp.abspath(path))
     try:
         if osp.exists(folder) and not osp.isdir(folder):  # makedirs would say 'File exists'

@@ -111,8 +111,9 @@ class SegConfusionMatrix(BaseMetric):
                     'set the decode head\'s num_classes to the number of classes')
             # the (true, predicted) pairs that occur and their counts: a few per image,
             # where a whole n x n matrix per image would be 360 MB over ADE20K's val set
-            pairs, counts = torch.unique(n * gt + pred, return_counts=True)
-            self.results.append(torch.stack([pairs, counts]))
+            counts = torch.bincount(n * gt + pred, minlength=n * n)  # linear, unlike unique
+            pairs = counts.nonzero().squeeze(1)
+            self.results.append(torch.stack([pairs, counts[pairs]]))
 
     def compute_metrics(self, results: List[torch.Tensor]) -> Dict[str, float]:
         classes = [str(c) for c in self.dataset_meta['classes']]

@@ -27,9 +27,10 @@ def compile_options(compile: Union[bool, dict, None], cls_name: str) -> Optional
 
     False / None: eager; True: :data:`COMPILE_DEFAULTS`; a dict: those defaults
     updated by it (e.g. ``dict(backend='aot_eager')``, ``dict(mode='max-autotune')``).
-    Symbolic sizes on inductor also get inductor's ``layout_optimization`` off,
-    unless ``options`` sets it; a ``mode`` is then passed as the inductor options
-    it stands for (``torch.compile`` takes one or the other).
+    On inductor, unless ``dynamic=False``, inductor's ``layout_optimization`` is
+    turned off (unless ``options`` sets it) and a ``mode`` is passed as the
+    inductor options it stands for (``torch.compile`` takes one or the other).
+    An unknown mode, or a mode with ``options``, raises :class:`ConfigError`.
     """
     if compile is None or compile is False:
         return None
@@ -39,27 +40,30 @@ def compile_options(compile: Union[bool, dict, None], cls_name: str) -> Optional
         raise ConfigError(f'compile of {cls_name} is True, False or a dict of torch.compile '
                           f"arguments (e.g. dict(mode='max-autotune')), got {compile!r}")
     options = {**COMPILE_DEFAULTS, **compile}
-    if options.get('dynamic') and options.get('backend', 'inductor') == 'inductor':
+    mode = options.get('mode')
+    if mode and options.get('options'):
+        raise ConfigError(f'compile of {cls_name} sets both mode and options, which '
+                          'torch.compile refuses: give one of them')
+    if options.get('backend', 'inductor') != 'inductor':
+        return options
+    mode_options = {}
+    if mode:
+        from torch._inductor import list_mode_options
+        try:
+            mode_options = list_mode_options(mode, options.get('dynamic'))
+        except (KeyError, RuntimeError, TypeError) as err:
+            raise ConfigError(f'compile of {cls_name}: unknown mode {mode!r}; '
+                              f"torch.compile's modes: {', '.join(list_mode_options())}"
+                              ) from err
+    if options.get('dynamic') is not False:  # True, or None: symbolic after a second size
         # inductor's layout optimisation gives the activations a training graph saves
         # for backward channels-last strides and then orders them by size; with symbolic
         # sizes such as ceil(H / 4) (every patch embedding) torch 2.14's inductor cannot
         # and stops with "cannot determine truth value of Relational".  Off, the saved
         # tensors keep the layouts the backbone gives them (its convolutions take
-        # channels-last views already).
-        mode_options = {}
-        if options.get('mode') is not None:
-            # torch.compile takes mode or options, not both: a mode is the options
-            # list_mode_options gives for it (what torch.compile itself applies)
-            if options.get('options'):
-                raise ConfigError(f"compile of {cls_name} sets both mode and options, which "
-                                  'torch.compile refuses: give one of them')
-            from torch._inductor import list_mode_options
-            try:
-                mode_options = list_mode_options(options['mode'], True)
-            except (KeyError, RuntimeError) as err:
-                raise ConfigError(f"compile of {cls_name}: unknown mode {options['mode']!r}; "
-                                  f"torch.compile's modes: {', '.join(list_mode_options())}"
-                                  ) from err
+        # channels-last views already).  torch.compile takes mode or options, not both:
+        # a mode goes as the options list_mode_options gives it (what torch.compile
+        # itself applies for it).
         options.pop('mode', None)
         options['options'] = {**mode_options, 'layout_optimization': False,
                               **(options.get('options') or {})}
