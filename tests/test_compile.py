@@ -190,7 +190,8 @@ def test_symbolic_sizes_on_inductor_turn_its_layout_optimisation_off():
 
 @needs_torch_2_2
 @pytest.mark.slow  # inductor writes and builds C++ kernels: about half a minute
-def test_inductor_compiles_the_training_graph_of_a_padded_patch_embedding():
+@pytest.mark.parametrize('compile', [True, dict(mode='max-autotune-no-cudagraphs')])
+def test_inductor_compiles_the_training_graph_of_a_padded_patch_embedding(compile):
     """The pattern of every family's stem under ``compile_options(True)``: a padded image,
     a strided convolution, tokens, a per-sample depthwise convolution on their grid
     (sizes ceil(H / 4), symbolic), forward and backward on inductor."""
@@ -208,7 +209,7 @@ def test_inductor_compiles_the_training_graph_of_a_padded_patch_embedding():
 
     # with compile=dict(options=dict(layout_optimization=True)) torch 2.14's inductor
     # stops here: "cannot determine truth value of Relational"
-    compiled = torch.compile(stem, **compile_options(True, 'X'))
+    compiled = torch.compile(stem, **compile_options(compile, 'X'))
     img = torch.randn(2, 3, 62, 45)
     out = compiled(img)
     grads = torch.autograd.grad(out.square().sum(), [kernels, conv.weight])
