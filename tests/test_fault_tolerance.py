@@ -45,7 +45,7 @@ def with_faults(work, *fault_hooks):
         return CONFIG
     from inline_mm.engine.launch import read_config
     base = read_config(CONFIG)
-    imports = list(base.custom_imports['imports']) + ['fault_hooks']
+    imports = list(base.custom_imports['imports']) + ['fault_hooks', 'preempt_at']
     hooks = [dict(h) for h in base.custom_hooks] + list(fault_hooks)  # indices kept
     path = work.rstrip(os.sep) + '_faults.py'
     with open(path, 'w') as f:
@@ -82,6 +82,11 @@ def failing_writes(error, from_write):
 def nan_losses(*iterations):
     """The losses of these 0-based iterations are NaN."""
     return dict(type='NaNLossHook', iterations=list(iterations))
+
+
+def signal_at(iteration):
+    """SIGTERM to the training process before the 0-based ``iteration`` (preempt_at.py)."""
+    return dict(type='SignalAtIterationHook', iteration=iteration)
 
 
 def scalars(work_dir):
@@ -418,6 +423,33 @@ def test_sigterm_checkpoints_exits_75_and_the_relaunch_matches(toy_root, tmp_pat
     assert proc.returncode == 0, out[-3000:]
     assert 'resumed epoch: 0, iter:' in out
     assert_same_weights(os.path.join(straight, 'iter_6.pth'), os.path.join(work, 'iter_6.pth'))
+
+
+@pytest.mark.slow
+def test_a_signal_before_the_first_iteration_ends_exits_75_at_once(toy_root, tmp_path):
+    """Nothing is trained between the checkpoint a run resumes from and the end of its
+    first iteration (which can outlast a scheduler's grace period: the replay of the
+    batches already trained, torch.compile): the run exits 75 at once, so that
+    tools/slurm_train.sh requeues it, and the checkpoint it resumed from stays as it was."""
+    work = str(tmp_path / 'work')
+    extra = {'train_cfg.max_iters': 2, 'default_hooks.checkpoint.interval': 2}
+    out = train(work, toy_root, **extra)
+    assert out.returncode == 0, out.stderr[-3000:]
+    checkpoint = os.path.join(work, 'iter_2.pth')
+    with open(checkpoint, 'rb') as f:
+        written = f.read()
+
+    out = train(work, toy_root, '--resume', faults=[signal_at(2)],
+                **dict(extra, **{'train_cfg.max_iters': 4}))
+    assert out.returncode == PREEMPTED_EXIT_CODE, out.stderr[-3000:]
+    assert 'preempted (received SIGTERM) with no training iteration finished in this run: ' \
+           f'nothing new to save; exiting with status {PREEMPTED_EXIT_CODE}' in out.stderr
+    assert 'Traceback' not in out.stderr, out.stderr[-3000:]
+    assert 'Iter(train) [3/4]' not in out.stdout + out.stderr  # stopped before it ended
+    assert glob.glob(os.path.join(work, '*.pth')) == [checkpoint]
+    with open(checkpoint, 'rb') as f:
+        assert f.read() == written
+    assert pointer(work) == checkpoint
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ finish the iteration, write a checkpoint and exit with :data:`PREEMPTED_EXIT_COD
 """
 import os
 import signal
+import sys
 from typing import Any, Dict, Optional, Sequence
 
 
@@ -27,12 +28,24 @@ class PreemptionFlag:
     def __init__(self, signals: Sequence[str] = ('SIGTERM', 'SIGUSR1')) -> None:
         self.signals = [getattr(signal, s) if isinstance(s, str) else s for s in signals]
         self.received: Optional[int] = None
+        #: set while there is nothing new to save (before a run's first iteration ends):
+        #: a signal then exits at once instead of waiting for the iteration to end
+        self.exit_at_once: Optional[str] = None
         self._pid = os.getpid()
         self._previous: Dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if os.getpid() == self._pid and self.received is None:
-            self.received = signum
+        if os.getpid() != self._pid or self.received is not None:
+            return
+        self.received = signum
+        if self.exit_at_once is not None:
+            # the first iteration can take minutes (resume's replay of the batches already
+            # trained, torch.compile, cudnn autotuning): waiting for it would outlast the
+            # scheduler's grace period, and a kill is not requeued as status 75 is
+            print(f'preempted (received {self.name}) {self.exit_at_once}: nothing new to '
+                  f'save; exiting with status {PREEMPTED_EXIT_CODE} (a training run goes on '
+                  'with --resume)', file=sys.stderr, flush=True)
+            raise SystemExit(PREEMPTED_EXIT_CODE)
 
     def install(self) -> bool:
         """Install the handlers; False outside the main thread (signals cannot be caught there)."""

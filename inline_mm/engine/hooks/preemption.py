@@ -31,7 +31,11 @@ class PreemptionHook(Hook):
     then a checkpoint of that iteration is written (rank 0, atomically, through
     :class:`AtomicCheckpointHook`) and every process raises
     ``SystemExit(PREEMPTED_EXIT_CODE)``, which works under any training tool.
-    Slurm's ``--signal=USR1@120`` leaves two minutes for this.
+    Slurm's ``--signal=USR1@120`` leaves two minutes for this.  A signal that
+    comes before the run's first training iteration has finished (while the
+    checkpoint is loaded, mmengine replays the batches of a resumed run or
+    ``torch.compile`` compiles; or in a validation / test run) exits at once
+    with the same status: nothing has been trained since the last checkpoint.
 
     Args:
         signals: signal names to handle. Defaults to SIGTERM and SIGUSR1.
@@ -60,8 +64,13 @@ class PreemptionHook(Hook):
         if not self.flag.install():
             runner.logger.warning('PreemptionHook: not in the main thread, signals are not '
                                   'handled')
+        # until the first training iteration of this run ends (and in a test run), the
+        # last checkpoint (the one resumed from, if any) holds everything: a signal exits
+        # at once (signals.PreemptionFlag)
+        self.flag.exit_at_once = 'with no training iteration finished in this run'
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self.flag.exit_at_once = None
         agreed_iter, agreed = self._agreed
         if agreed_iter == runner.iter:  # agreed on during this iteration's optimizer step
             if not agreed:
