@@ -42,9 +42,14 @@ class PreemptionFlag:
             # the first iteration can take minutes (resume's replay of the batches already
             # trained, torch.compile, cudnn autotuning): waiting for it would outlast the
             # scheduler's grace period, and a kill is not requeued as status 75 is
-            print(f'preempted (received {self.name}) {self.exit_at_once}: nothing new to '
-                  f'save; exiting with status {PREEMPTED_EXIT_CODE} (a training run goes on '
-                  'with --resume)', file=sys.stderr, flush=True)
+            message = (f'preempted (received {self.name}) {self.exit_at_once}: nothing new '
+                       f'to save; exiting with status {PREEMPTED_EXIT_CODE} (a training run '
+                       'goes on with --resume)\n')
+            try:  # not print(): the signal may have interrupted a write to stderr
+                os.write(sys.stderr.fileno(), message.encode())
+            except (OSError, ValueError):
+                pass
+            self.uninstall()
             raise SystemExit(PREEMPTED_EXIT_CODE)
 
     def install(self) -> bool:

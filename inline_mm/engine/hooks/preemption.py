@@ -7,6 +7,7 @@ and exits with status :data:`~inline_mm.engine.signals.PREEMPTED_EXIT_CODE` (75)
 """
 from typing import Optional
 
+from mmengine.dist import get_world_size
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
@@ -35,7 +36,9 @@ class PreemptionHook(Hook):
     comes before the run's first training iteration has finished (while the
     checkpoint is loaded, mmengine replays the batches of a resumed run or
     ``torch.compile`` compiles; or in a validation / test run) exits at once
-    with the same status: nothing has been trained since the last checkpoint.
+    with the same status in a single-process run: nothing has been trained since
+    the last checkpoint.  With several processes it waits for the iteration, as
+    later ones do (a process exiting alone could leave the others in a collective).
 
     Args:
         signals: signal names to handle. Defaults to SIGTERM and SIGUSR1.
@@ -67,7 +70,10 @@ class PreemptionHook(Hook):
         # until the first training iteration of this run ends (and in a test run), the
         # last checkpoint (the one resumed from, if any) holds everything: a signal exits
         # at once (signals.PreemptionFlag)
-        self.flag.exit_at_once = 'with no training iteration finished in this run'
+        # one process only: with several, a process that exits on its own may leave the
+        # others inside a collective of their first iteration (they then wait or fail)
+        if get_world_size() == 1:
+            self.flag.exit_at_once = 'with no training iteration finished in this run'
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
         self.flag.exit_at_once = None
