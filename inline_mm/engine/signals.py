@@ -1,9 +1,10 @@
-"""Preemption signals: handlers that only record a stop request, and the exit status.
+"""Preemption signals: handlers that record a stop request, and the exit status.
 
 mmengine handles no signal: SIGTERM (what Slurm, Kubernetes and torchrun send before
 they stop a job) kills the run between two checkpoints.  :class:`PreemptionFlag`
 records SIGTERM / SIGUSR1 so that :class:`~inline_mm.engine.hooks.PreemptionHook` can
-finish the iteration, write a checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`.
+finish the iteration, write a checkpoint and exit with :data:`PREEMPTED_EXIT_CODE`;
+while there is nothing new to save it exits with that status at once.
 """
 import os
 import signal
@@ -18,7 +19,8 @@ PREEMPTED_EXIT_CODE = 75
 
 
 class PreemptionFlag:
-    """Signal handlers that only record that a stop was asked for.
+    """Signal handlers that record that a stop was asked for (and exit at once while
+    :attr:`exit_at_once` is set).
 
     Installed in the training process only: a forked data-loader worker that
     inherits them ignores the signal, so it keeps serving batches until the

@@ -26,7 +26,7 @@ def _checkpoint_hook(runner) -> Optional[CheckpointHook]:
 class PreemptionHook(Hook):
     """Stop cleanly on SIGTERM / SIGUSR1: checkpoint, then exit with status 75.
 
-    The signal handlers only set a flag.  After each training iteration the
+    The signal handlers set a flag.  After each training iteration the
     flag is agreed on by all processes (one all-reduce of an int), so a signal
     received by any process stops every process after the same iteration;
     then a checkpoint of that iteration is written (rank 0, atomically, through
@@ -67,11 +67,10 @@ class PreemptionHook(Hook):
         if not self.flag.install():
             runner.logger.warning('PreemptionHook: not in the main thread, signals are not '
                                   'handled')
-        # until the first training iteration of this run ends (and in a test run), the
-        # last checkpoint (the one resumed from, if any) holds everything: a signal exits
-        # at once (signals.PreemptionFlag)
-        # one process only: with several, a process that exits on its own may leave the
-        # others inside a collective of their first iteration (they then wait or fail)
+        # until the run's first training iteration ends (and in a test run) the last
+        # checkpoint holds everything: a signal exits at once (signals.PreemptionFlag).
+        # One process only: with several, one exiting alone may leave the others inside
+        # a collective of their first iteration
         if get_world_size() == 1:
             self.flag.exit_at_once = 'with no training iteration finished in this run'
 
