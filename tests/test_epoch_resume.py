@@ -9,6 +9,7 @@ import torch
 from test_custom_data import readme_config, run, shapes_coco  # noqa: F401  (fixture)
 
 from conftest import REPO_ROOT
+from inline_mm.engine.hooks.preemption import PENDING_VALIDATION
 from inline_mm.engine.signals import PREEMPTED_EXIT_CODE
 
 pytestmark = pytest.mark.slow
@@ -17,18 +18,17 @@ PLUGINS = os.path.join(REPO_ROOT, 'tests', 'plugins')
 BASE = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
 
 
-def write_config(path, root, signal_at=None):
+def write_config(path, root, signal=None):
     """The README's block, with its base named by full path; optionally a test-only hook
-    that sends SIGTERM before the 0-based iteration ``signal_at``."""
+    of tests/plugins/preempt_at.py that sends SIGTERM (a config dict's text)."""
     text = readme_config('custom-coco-config').replace(
         "'./mask-rcnn_inline-pvt-t_fpn_1x_coco.py'", repr(BASE)).replace(
         "'data/my_set/'", repr(root + '/'))
-    if signal_at is not None:
+    if signal is not None:
         text += ("\ncustom_imports = dict(imports=['inline_mm', 'inline_mm.engine', "
                  "'preempt_at'], allow_failed_imports=False)\n"
                  "custom_hooks = [dict(type='MeanLossLoggerHook'), dict(type='RNGStateHook'), "
-                 "dict(type='PreemptionHook'), dict(type='NonFiniteLossHook'), "
-                 f"dict(type='SignalAtIterationHook', iteration={signal_at})]\n")
+                 f"dict(type='PreemptionHook'), dict(type='NonFiniteLossHook'), {signal}]\n")
     path.write_text(text)
     return str(path)
 
@@ -56,27 +56,38 @@ def state_dict(path):
     return torch.load(path, map_location='cpu', weights_only=False)['state_dict']
 
 
+def train(tmp_path, root, name, options, *args, signal=None):
+    """tools/train.py on the own-data config in ``tmp_path / name`` (``signal``: a
+    test-only hook's config text, see :func:`write_config`)."""
+    config = write_config(tmp_path / f'{name}.py', root, signal)
+    env = dict(PYTHONPATH=PLUGINS + os.pathsep + os.environ.get('PYTHONPATH', ''))
+    return run([config, '--work-dir', str(tmp_path / name), *args, *options], **env)
+
+
+def assert_same_weights(a, b):
+    expected, got = state_dict(a), state_dict(b)
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), key
+
+
 @pytest.mark.parametrize('loader', list(LOADERS))
 def test_mid_epoch_sigterm_resumes_exactly(shapes_coco, tmp_path, loader):  # noqa: F811
     OPTIONS, epochs = BASE_OPTIONS + LOADERS[loader][0], LOADERS[loader][1]
-    straight = tmp_path / 'straight'
-    out = run([write_config(tmp_path / 'straight.py', shapes_coco), '--work-dir',
-               str(straight), *OPTIONS])
+    out = train(tmp_path, shapes_coco, 'straight', OPTIONS)
     assert out.returncode == 0, out.stderr[-3000:]
 
     work = tmp_path / 'preempted'
     # iterations 0-1 are epoch 1, 2-3 epoch 2: the signal before iteration 2 stops the
     # run after it, with one batch of epoch 2 trained
-    config = write_config(tmp_path / 'preempted.py', shapes_coco, signal_at=2)
-    env = dict(PYTHONPATH=PLUGINS + os.pathsep + os.environ.get('PYTHONPATH', ''))
-    out = run([config, '--work-dir', str(work), *OPTIONS], **env)
+    out = train(tmp_path, shapes_coco, 'preempted', OPTIONS,
+                signal="dict(type='SignalAtIterationHook', iteration=2)")
     assert out.returncode == PREEMPTED_EXIT_CODE, out.stderr[-3000:]
     assert sorted(os.path.basename(p) for p in glob.glob(str(work / '*.pth'))) == \
         ['epoch_1.pth', 'preempt_iter_3.pth']
 
     # the relaunch (the same command with --resume, as after a Slurm requeue)
-    out = run([write_config(tmp_path / 'preempted.py', shapes_coco), '--work-dir', str(work),
-               '--resume', *OPTIONS])
+    out = train(tmp_path, shapes_coco, 'preempted', OPTIONS, '--resume')
     assert out.returncode == 0, out.stderr[-3000:]
     log = out.stdout + out.stderr
     assert ('persistent_workers turned off' in log) == (loader != 'main-process')
@@ -89,7 +100,37 @@ def test_mid_epoch_sigterm_resumes_exactly(shapes_coco, tmp_path, loader):  # no
     assert sorted(os.path.basename(p) for p in glob.glob(str(work / '*.pth'))) == \
         [f'epoch_{e}.pth' for e in range(1, epochs + 1)]
     last = f'epoch_{epochs}.pth'
-    expected, got = state_dict(straight / last), state_dict(work / last)
-    assert expected.keys() == got.keys()
-    for key in expected:
-        assert torch.equal(expected[key], got[key]), key
+    assert_same_weights(tmp_path / 'straight' / last, work / last)
+
+
+def test_a_sigterm_in_the_validation_after_an_epoch_resumes_with_it(shapes_coco,  # noqa: F811
+                                                                     tmp_path):
+    """SIGTERM during the validation after epoch 1 (the recipe's loaders, a validation
+    after each epoch): exit 75 at once with ``epoch_1.pth`` recording the validation as
+    pending; the resumed run validates, then trains epochs 2 and 3 to the weights of an
+    uninterrupted run."""
+    OPTIONS, epochs = BASE_OPTIONS + LOADERS['recipe-workers-validating'][0], 3
+    validated = r'Epoch\(val\) \[\d+\]\[\d+/\d+\] +coco/bbox_mAP'
+    out = train(tmp_path, shapes_coco, 'straight', OPTIONS)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(re.findall(validated, out.stdout + out.stderr)) == epochs
+
+    work = tmp_path / 'preempted'
+    out = train(tmp_path, shapes_coco, 'preempted', OPTIONS,
+                signal="dict(type='SignalInValidationHook', after_iteration=2)")
+    assert out.returncode == PREEMPTED_EXIT_CODE, out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    assert 'at the validation after iteration 2: checkpoint' in log, log[-3000:]
+    assert [os.path.basename(p) for p in glob.glob(str(work / '*.pth'))] == ['epoch_1.pth']
+    checkpoint = torch.load(work / 'epoch_1.pth', map_location='cpu', weights_only=False)
+    assert checkpoint['meta']['epoch'] == 1 and checkpoint['meta']['iter'] == 2
+    assert checkpoint['message_hub']['runtime_info'][PENDING_VALIDATION] == 2
+
+    out = train(tmp_path, shapes_coco, 'preempted', OPTIONS, '--resume')
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = out.stdout + out.stderr
+    assert 'the validation after iteration 2 was interrupted by a preemption' in log
+    assert len(re.findall(validated, log)) == epochs  # the one interrupted, then 2 and 3
+    trained = re.findall(r'Epoch\(train\) +\[(\d+)\]\[ *(\d+)/(\d+)\]', log)
+    assert trained == [(str(e), str(b), '2') for e in (2, 3) for b in (1, 2)], log[-3000:]
+    assert_same_weights(tmp_path / 'straight' / 'epoch_3.pth', work / 'epoch_3.pth')

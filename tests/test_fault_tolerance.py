@@ -36,17 +36,20 @@ def options(root, flip=False, **extra):
     return toy_det_options(root, flip, **{'train_dataloader.batch_size': 2, **extra})
 
 
-def with_faults(work, *fault_hooks):
-    """The toy config with the test-only ``fault_hooks`` added (none: the config itself).
+def with_faults(work, *fault_hooks, hooks=None):
+    """The toy config with the test-only ``fault_hooks`` added (none: the config itself),
+    after its own custom hooks or after ``hooks`` in their place.
 
     Written beside ``work``; the run needs :func:`fault_env` to import them.
     """
-    if not fault_hooks:
+    if not fault_hooks and hooks is None:
         return CONFIG
     from inline_mm.engine.launch import read_config
     base = read_config(CONFIG)
     imports = list(base.custom_imports['imports']) + ['fault_hooks', 'preempt_at']
-    hooks = [dict(h) for h in base.custom_hooks] + list(fault_hooks)  # indices kept
+    if hooks is None:
+        hooks = [dict(h) for h in base.custom_hooks]  # indices kept
+    hooks = list(hooks) + list(fault_hooks)
     path = work.rstrip(os.sep) + '_faults.py'
     with open(path, 'w') as f:
         f.write(f'_base_ = [{CONFIG!r}]\n'
@@ -62,11 +65,13 @@ def fault_env():
     return env
 
 
-def train(work, root, *args, faults=(), **extra):
-    """tools/train.py on the toy set; ``faults``: test-only hooks (fault_hooks.py)."""
-    return subprocess.run([sys.executable, TRAIN, with_faults(work, *faults), '--work-dir',
-                           work, *args] + options(root, **extra), capture_output=True,
-                          text=True, env=fault_env(), cwd=REPO_ROOT, timeout=600)
+def train(work, root, *args, faults=(), hooks=None, **extra):
+    """tools/train.py on the toy set; ``faults``: test-only hooks (fault_hooks.py), after
+    the config's custom hooks or after ``hooks`` in their place."""
+    return subprocess.run([sys.executable, TRAIN, with_faults(work, *faults, hooks=hooks),
+                           '--work-dir', work, *args] + options(root, **extra),
+                          capture_output=True, text=True, env=fault_env(), cwd=REPO_ROOT,
+                          timeout=600)
 
 
 def slow_writes(seconds, from_write):
@@ -84,9 +89,23 @@ def nan_losses(*iterations):
     return dict(type='NaNLossHook', iterations=list(iterations))
 
 
-def signal_at(iteration):
-    """SIGTERM to the training process before the 0-based ``iteration`` (preempt_at.py)."""
-    return dict(type='SignalAtIterationHook', iteration=iteration)
+def signal_at(iteration, rank=None):
+    """SIGTERM to the training process before the 0-based ``iteration`` (to process
+    ``rank`` only, if given; preempt_at.py)."""
+    return dict(type='SignalAtIterationHook', iteration=iteration, rank=rank)
+
+
+def signal_in_validation(after_iteration, rank=None):
+    """SIGTERM before the first batch of the validation after ``after_iteration``
+    iterations (to process ``rank`` only, if given; preempt_at.py)."""
+    return dict(type='SignalInValidationHook', after_iteration=after_iteration, rank=rank)
+
+
+def val_rows(rows):
+    """The COCO metrics of the validation rows of scalars.json rows, in order (the toy
+    config logs them by epoch: the row's step does not tell which validation it was)."""
+    rows = [{k: v for k, v in r.items() if k.startswith('coco/')} for r in rows]
+    return [r for r in rows if r]
 
 
 def scalars(work_dir):
@@ -97,12 +116,12 @@ def losses(work_dir):
     return {r['iter']: r['loss'] for r in scalars(work_dir) if 'loss' in r}
 
 
-def weights(path):
-    return torch.load(path, map_location='cpu', weights_only=False)['state_dict']
+def weights(path, key='state_dict'):
+    return torch.load(path, map_location='cpu', weights_only=False)[key]
 
 
-def assert_same_weights(a, b, exact=True):
-    wa, wb = weights(a), weights(b)
+def assert_same_weights(a, b, exact=True, key='state_dict'):
+    wa, wb = weights(a, key), weights(b, key)
     assert wa.keys() == wb.keys()
     for key in wa:
         if exact:
@@ -382,12 +401,15 @@ def test_resume_with_random_flip_matches_a_straight_run(toy_root, tmp_path, num_
 
 # -- preemption and several processes ----------------------------------------------------------
 
-def dist_train(work, root, nproc, port, extra, *args, **env_extra):
+def dist_train(work, root, nproc, port, extra, *args, faults=(), hooks=None, **env_extra):
+    """tools/dist_train.sh on the toy set; ``faults``: test-only hooks (fault_hooks.py),
+    after the config's custom hooks or after ``hooks`` in their place."""
     return subprocess.Popen(
-        ['bash', DIST_TRAIN, CONFIG, str(nproc), '--work-dir', work, *args] +
-        options(root, **extra),
+        ['bash', DIST_TRAIN, with_faults(work, *faults, hooks=hooks), str(nproc), '--work-dir',
+         work,
+         *args] + options(root, **extra),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT,
-        env=dict(tool_env(), PORT=str(port), **env_extra), start_new_session=True)
+        env=dict(fault_env(), PORT=str(port), **env_extra), start_new_session=True)
 
 
 @pytest.mark.slow
@@ -450,6 +472,136 @@ def test_a_signal_before_the_first_iteration_ends_exits_75_at_once(toy_root, tmp
     with open(checkpoint, 'rb') as f:
         assert f.read() == written
     assert pointer(work) == checkpoint
+
+
+def finish(proc, timeout=600):
+    """The output of a dist_train launch; its process group is killed if it outlasts
+    ``timeout`` (a hang must not leave torchrun and its workers behind)."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def pending_validation(checkpoint):
+    """What the checkpoint's message hub records as a pending validation (or None)."""
+    from inline_mm.engine.hooks.preemption import PENDING_VALIDATION
+    hub = torch.load(checkpoint, map_location='cpu', weights_only=False)['message_hub']
+    return hub['runtime_info'].get(PENDING_VALIDATION)
+
+
+#: 4 iterations of batch 2, random flip on, a validation after iterations 2 and 4
+VALIDATED = {'train_cfg.max_iters': 4, 'train_cfg.val_interval': 2,
+             'default_hooks.checkpoint.interval': 100, 'flip': True}
+
+
+def toy_hooks(*more):
+    """The toy config's custom hooks, and ``more`` after them."""
+    from inline_mm.engine.launch import read_config
+    return [dict(h) for h in read_config(CONFIG).custom_hooks] + list(more)
+
+
+#: mmengine's EMAHook, averaging fast enough that the average differs from the weights
+EMA = dict(type='EMAHook', momentum=0.5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('where', ['in the validation', 'in the iteration before it',
+                                   'in the validation, with EMAHook'])
+def test_a_preempted_validation_runs_when_the_run_resumes(toy_root, tmp_path, where):
+    """SIGTERM during the validation after iteration 2 (or during iteration 2, which a
+    validation follows): exit 75 without waiting for the validation, a checkpoint of
+    iteration 2 that records the validation as pending; the resumed run validates first,
+    with the metrics of an uninterrupted run, and ends with its weights bit for bit (also
+    with an EMAHook, which has swapped the averaged weights into the model during the
+    validation)."""
+    hooks = toy_hooks(EMA) if 'EMAHook' in where else None
+    straight = str(tmp_path / 'straight')
+    out = train(straight, toy_root, hooks=hooks, **VALIDATED)
+    assert out.returncode == 0, out.stderr[-3000:]
+    expected = val_rows(scalars(straight))
+    assert len(expected) == 2  # after iterations 2 and 4
+
+    work = str(tmp_path / 'work')
+    fault = signal_at(1) if where == 'in the iteration before it' else signal_in_validation(2)
+    out = train(work, toy_root, faults=[fault], hooks=hooks, **VALIDATED)
+    assert out.returncode == PREEMPTED_EXIT_CODE, out.stderr[-3000:]
+    checkpoint = os.path.join(work, 'iter_2.pth')
+    assert f'preempted (received SIGTERM) at the validation after iteration 2: checkpoint ' \
+           f'{checkpoint} written, the validation runs when the run resumes; exiting with ' \
+           f'status {PREEMPTED_EXIT_CODE}' in out.stdout, out.stdout[-3000:]
+    assert val_rows(scalars(work)) == [] and 'Iter(train) [3/4]' not in out.stdout
+    assert glob.glob(os.path.join(work, '*.pth')) == [checkpoint]
+    assert pointer(work) == checkpoint and pending_validation(checkpoint) == 2
+
+    out = train(work, toy_root, '--resume', hooks=hooks, **VALIDATED)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'the validation after iteration 2 was interrupted by a preemption: running it ' \
+           'before training goes on' in out.stdout
+    assert val_rows(scalars(work)) == expected
+    final = os.path.join(straight, 'iter_4.pth'), os.path.join(work, 'iter_4.pth')
+    assert_same_weights(*final)
+    if hooks is not None:  # the checkpoint's state_dict is the average, this the weights
+        assert_same_weights(*final, key='ema_state_dict')
+    assert pending_validation(os.path.join(work, 'iter_4.pth')) is None
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_process_in_a_validation_stops_both(toy_root, tmp_path):
+    """Two processes: SIGTERM to rank 1 only, during a validation inside training; the
+    processes agree after its batch, rank 0 writes the checkpoint with the validation
+    pending, both exit 75; a relaunch with --resume validates first and ends with the
+    weights of an uninterrupted run."""
+    extra = dict(VALIDATED, **{'train_dataloader.batch_size': 1})
+    straight = str(tmp_path / 'straight')
+    proc = dist_train(straight, toy_root, 2, free_port(), extra)
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+
+    work = str(tmp_path / 'work')
+    proc = dist_train(work, toy_root, 2, free_port(), extra,
+                      faults=[signal_in_validation(2, rank=1)])
+    out = finish(proc)
+    assert proc.returncode != 0  # torchrun reports its workers' failure
+    assert out.count(f'exitcode: {PREEMPTED_EXIT_CODE}') >= 1, out[-3000:]
+    assert 'preempted (another process received a stop signal) at the validation after ' \
+           'iteration 2' in out, out[-3000:]
+    checkpoint = os.path.join(work, 'iter_2.pth')
+    assert glob.glob(os.path.join(work, '*.pth')) == [checkpoint]
+    assert pending_validation(checkpoint) == 2
+
+    proc = dist_train(work, toy_root, 2, free_port(), extra, '--resume')
+    out = finish(proc)
+    assert proc.returncode == 0, out[-3000:]
+    assert 'the validation after iteration 2 was interrupted by a preemption' in out
+    assert len(val_rows(scalars(work))) == 2
+    assert_same_weights(os.path.join(straight, 'iter_4.pth'), os.path.join(work, 'iter_4.pth'))
+
+
+@pytest.mark.slow
+def test_a_check_interval_agrees_on_the_same_iterations_in_every_process(toy_root, tmp_path):
+    """PreemptionHook(check_interval=2) without NonFiniteLossHook (which agrees at every
+    step): SIGTERM to rank 1 before iteration 3 of 6; both processes agree after iteration 4
+    (rank 1 alone agreeing after iteration 3 would be a collective rank 0 is not in) and
+    exit 75 with the checkpoint of iteration 4."""
+    hooks = [dict(type='MeanLossLoggerHook'), dict(type='RNGStateHook'),
+             dict(type='PreemptionHook', check_interval=2)]
+    work = str(tmp_path / 'work')
+    extra = {'train_cfg.max_iters': 6, 'default_hooks.checkpoint.interval': 100,
+             'train_dataloader.batch_size': 1}
+    proc = dist_train(work, toy_root, 2, free_port(), extra, hooks=hooks,
+                      faults=[signal_at(2, rank=1)])
+    try:
+        out, _ = proc.communicate(timeout=180)  # it hung with the agreement off the interval
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert f'exitcode: {PREEMPTED_EXIT_CODE}' in out, out[-3000:]
+    checkpoint = os.path.join(work, 'iter_4.pth')
+    assert f'preempted (another process received a stop signal) after iteration 4: ' \
+           f'checkpoint {checkpoint} written' in out, out[-3000:]
+    assert glob.glob(os.path.join(work, '*.pth')) == [checkpoint]
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Test-only mmengine hook: a SIGTERM to this process at a given training iteration.
+"""Test-only mmengine hooks: a SIGTERM to this process at a given training iteration or
+validation batch.
 
 Loaded by the tests through ``custom_imports`` (``PYTHONPATH=tests/plugins``), so
 that a preemption lands at an exact iteration; the shipped package holds no such hook.
@@ -6,20 +7,43 @@ that a preemption lands at an exact iteration; the shipped package holds no such
 import os
 import signal
 
+from mmengine.dist import get_rank
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 
 @HOOKS.register_module()
 class SignalAtIterationHook(Hook):
-    """Send ``signal_name`` to this process before the 0-based iteration ``iteration``."""
+    """Send ``signal_name`` to this process before the 0-based iteration ``iteration``
+    (on process ``rank`` only, if given)."""
 
     priority = 'HIGHEST'
 
-    def __init__(self, iteration: int, signal_name: str = 'SIGTERM') -> None:
+    def __init__(self, iteration: int, rank=None, signal_name: str = 'SIGTERM') -> None:
         self.iteration = iteration
+        self.rank = rank
         self.signal = getattr(signal, signal_name)
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        if runner.iter == self.iteration:
+        if runner.iter == self.iteration and (self.rank is None or get_rank() == self.rank):
+            os.kill(os.getpid(), self.signal)
+
+
+@HOOKS.register_module()
+class SignalInValidationHook(Hook):
+    """Send ``signal_name`` before validation batch ``val_batch`` of the validation that
+    follows ``after_iteration`` training iterations (on process ``rank`` only, if given)."""
+
+    priority = 'HIGHEST'
+
+    def __init__(self, after_iteration: int, val_batch: int = 0, rank=None,
+                 signal_name: str = 'SIGTERM') -> None:
+        self.after_iteration = after_iteration
+        self.val_batch = val_batch
+        self.rank = rank
+        self.signal = getattr(signal, signal_name)
+
+    def before_val_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        if runner.iter == self.after_iteration and batch_idx == self.val_batch and \
+                (self.rank is None or get_rank() == self.rank):
             os.kill(os.getpid(), self.signal)

@@ -288,15 +288,28 @@ class AtomicCheckpointHook(CheckpointHook):
                            for s in remove])
 
 
-def save_checkpoint_now(hook: CheckpointHook, runner) -> str:
-    """Save the checkpoint of the current iteration through ``hook`` (unless just written).
+def save_checkpoint_now(hook: CheckpointHook, runner, during_validation: bool = False) -> str:
+    """Save the checkpoint of the training state now through ``hook``.
 
     Works with any ``CheckpointHook`` (its public settings: ``out_dir``,
-    ``filename_tmpl``, ``by_epoch``, ``file_backend`` ...).  Epoch-based runs
-    write ``preempt_iter_<n>.pth`` (mid-epoch: the epoch is not finished).
-    Returns the path of the checkpoint of this iteration.  Called on every
-    process (ranks > 0 take part in gathering the random states).
+    ``filename_tmpl``, ``by_epoch``, ``file_backend`` ...).  Called on every
+    process (ranks > 0 take part in gathering the random states).  Returns the
+    path of the checkpoint.
+
+    Args:
+        hook: the run's checkpoint hook.
+        runner: the runner.
+        during_validation: False: called in ``after_train_iter``, the checkpoint
+            of the iteration ending, skipped where ``hook`` has just written it;
+            epoch-based runs write ``preempt_iter_<n>.pth`` (mid-epoch: the epoch
+            is not finished).  True: called in a validation inside training, the
+            checkpoint of the iterations (epochs) the loop has counted before it,
+            under the name ``hook`` gives that step; written even where ``hook``
+            wrote it already (the message hub it holds has changed since).
     """
+    if during_validation:
+        step = runner.epoch if hook.by_epoch else runner.iter
+        return _save_step(hook, runner, step, dict(epoch=runner.epoch, iter=runner.iter))
     if hook.by_epoch:
         name = f'{PREEMPT_PREFIX}{runner.iter + 1}.pth'
         path = hook.file_backend.join_path(hook.out_dir, name)
@@ -308,13 +321,19 @@ def save_checkpoint_now(hook: CheckpointHook, runner) -> str:
     step = runner.iter + 1
     path = hook.file_backend.join_path(hook.out_dir, hook.filename_tmpl.format(step))
     if runner.message_hub.get_info('last_ckpt') != path:
-        if isinstance(hook, AtomicCheckpointHook):
-            hook.save_step(runner, step, dict(epoch=runner.epoch, iter=step))
-        else:  # mmengine's hook keeps no count we could update: a checkpoint beside them
-            hook.last_ckpt = path
-            runner.message_hub.update_info('last_ckpt', path)
-            _write_checkpoint(hook, runner, hook.filename_tmpl.format(step),
-                              dict(epoch=runner.epoch, iter=step), remove=[])
+        _save_step(hook, runner, step, dict(epoch=runner.epoch, iter=step))
+    return path
+
+
+def _save_step(hook: CheckpointHook, runner, step: int, meta: dict) -> str:
+    """Write the checkpoint ``hook`` names for ``step``; returns its path."""
+    path = hook.file_backend.join_path(hook.out_dir, hook.filename_tmpl.format(step))
+    if isinstance(hook, AtomicCheckpointHook):
+        hook.save_step(runner, step, meta)
+    else:  # mmengine's hook keeps no count we could update: a checkpoint beside them
+        hook.last_ckpt = path
+        runner.message_hub.update_info('last_ckpt', path)
+        _write_checkpoint(hook, runner, hook.filename_tmpl.format(step), meta, remove=[])
     return path
 
 

@@ -1,18 +1,27 @@
 """SIGTERM / SIGUSR1: every process stops after the same iteration, with a checkpoint.
 
 mmengine has no preemption handling: a signal kills the run wherever it is.
-:class:`PreemptionHook` stops every process after the current iteration, writes
-that iteration's checkpoint (atomically, through :class:`AtomicCheckpointHook`)
-and exits with status :data:`~inline_mm.engine.signals.PREEMPTED_EXIT_CODE` (75).
+:class:`PreemptionHook` stops every process after the current iteration (or
+validation batch), writes the checkpoint of the training state (atomically,
+through :class:`AtomicCheckpointHook`) and exits with status
+:data:`~inline_mm.engine.signals.PREEMPTED_EXIT_CODE` (75).  A validation the
+stop interrupts (or comes right before) runs when the run resumes.
 """
 from typing import Optional
 
-from mmengine.dist import get_world_size
-from mmengine.hooks import CheckpointHook, Hook
+import torch
+from mmengine.dist import all_reduce, get_world_size
+from mmengine.hooks import CheckpointHook, EMAHook, Hook
 from mmengine.registry import HOOKS
+from mmengine.runner import IterBasedTrainLoop
 
 from ..signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 from .atomic_checkpoint import agree, save_checkpoint_now
+from .rng_state import RNGStateHook
+
+#: message-hub key (saved in checkpoints): the iteration count of a validation that a
+#: preemption interrupted or came right before, which the resumed run runs first
+PENDING_VALIDATION = 'preemption_pending_validation'
 
 
 def _checkpoint_hook(runner) -> Optional[CheckpointHook]:
@@ -20,6 +29,24 @@ def _checkpoint_hook(runner) -> Optional[CheckpointHook]:
         if isinstance(hook, CheckpointHook):
             return hook
     return None
+
+
+def _batches_of_every_process(loop) -> int:
+    """The number of batches every process runs in ``loop`` (a val / test loop).
+
+    One all-reduce with several processes: a sampler without ``round_up`` gives
+    the processes different counts, and the agreement after a batch must be
+    made by all of them.
+    """
+    try:
+        count = len(loop.dataloader)
+    except TypeError:  # an iterable dataset: no agreement during the loop
+        count = 0
+    if get_world_size() > 1:
+        value = torch.tensor([count], dtype=torch.int64)
+        all_reduce(value, op='min')
+        count = int(value.item())
+    return count
 
 
 @HOOKS.register_module()
@@ -32,18 +59,30 @@ class PreemptionHook(Hook):
     then a checkpoint of that iteration is written (rank 0, atomically, through
     :class:`AtomicCheckpointHook`) and every process raises
     ``SystemExit(PREEMPTED_EXIT_CODE)``, which works under any training tool.
-    Slurm's ``--signal=USR1@120`` leaves two minutes for this.  A signal that
-    comes before the run's first training iteration has finished (while the
-    checkpoint is loaded, mmengine replays the batches of a resumed run or
-    ``torch.compile`` compiles; or in a validation / test run) exits at once
-    with the same status in a single-process run: nothing has been trained since
-    the last checkpoint.  With several processes it waits for the iteration, as
-    later ones do (a process exiting alone could leave the others in a collective).
+    Slurm's ``--signal=USR1@120`` leaves two minutes for this.
+
+    A validation inside training is not waited for: the flag is agreed on
+    after each of its batches too, and the checkpoint written then records
+    that the validation is pending (in mmengine's message hub, which the
+    checkpoint holds); a resumed run runs it before it trains on, so no
+    validation (nor its ``save_best`` checkpoint) is lost.  In an
+    iteration-based loop the processes exit at the loop's next step after the
+    checkpoint: at the next iteration, or at the validation that follows the
+    iteration, which is then recorded as pending too.
+
+    A signal that comes before the run's first training iteration has
+    finished (while the checkpoint is loaded, mmengine replays the batches of
+    a resumed run or ``torch.compile`` compiles; or in a validation / test
+    run) exits at once with the same status in a single-process run: nothing
+    has been trained since the last checkpoint.  With several processes it
+    waits for the iteration (or batch), as later ones do: a process exiting
+    alone could leave the others in a collective.
 
     Args:
         signals: signal names to handle. Defaults to SIGTERM and SIGUSR1.
-        check_interval: agree on the flag every this many iterations.
-            Defaults to 1.
+        check_interval: with several processes, agree on the flag every this
+            many iterations (and validation / test batches); a single process
+            checks it after every one. Defaults to 1.
     """
 
     # after CheckpointHook (VERY_LOW), so a regular save of the same iteration comes first
@@ -53,6 +92,13 @@ class PreemptionHook(Hook):
         self.flag = PreemptionFlag(signals)
         self.check_interval = check_interval
         self._agreed: tuple = (None, False)  # (iteration, verdict) from NonFiniteLossHook
+        self._training = False  # between before_train and after_train
+        self._rerunning_validation = False  # the pending validation of a resumed run
+        self._eval_batches = 0  # batches of the running val / test loop all processes run
+        #: a stop agreed on after an iteration of an iteration-based loop, whose
+        #: checkpoint is written: the processes exit at the loop's next step
+        self._deferred = False
+        self._deferred_path: Optional[str] = None
 
     def agreed_at(self, iteration: int, stop: bool) -> None:
         """Take the verdict of the processes' agreement made during ``iteration``'s step.
@@ -74,23 +120,132 @@ class PreemptionHook(Hook):
         if get_world_size() == 1:
             self.flag.exit_at_once = 'with no training iteration finished in this run'
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
-        self.flag.exit_at_once = None
+    def before_train(self, runner) -> None:
+        """Run the validation a preemption interrupted before the checkpoint resumed from."""
+        self._training = True
+        pending = runner.message_hub.get_info(PENDING_VALIDATION)
+        if pending is None:
+            return
+        runner.message_hub.update_info(PENDING_VALIDATION, None)
+        if pending != runner.iter or runner.val_loop is None:
+            return
+        runner.logger.info(f'the validation after iteration {pending} was interrupted by a '
+                           'preemption: running it before training goes on')
+        # with the random states the interrupted run validated with (RNGStateHook
+        # restores them again before the first new batch)
+        for hook in runner.hooks:
+            if isinstance(hook, RNGStateHook):
+                hook.restore_resumed()
+        # the checkpoint on disk records it as pending: a stop during it writes nothing
+        self._rerunning_validation = True
+        try:
+            runner.val_loop.run()
+        finally:
+            self._rerunning_validation = False
+
+    def after_train(self, runner) -> None:
+        self._training = False
+
+    def _stop_agreed(self, runner) -> bool:
+        """Whether the processes agree to stop after this training iteration."""
         agreed_iter, agreed = self._agreed
         if agreed_iter == runner.iter:  # agreed on during this iteration's optimizer step
-            if not agreed:
-                return
-        elif (runner.iter + 1) % self.check_interval and self.flag.received is None:
-            return
-        elif not agree(self.flag.received is not None):
+            return agreed
+        if get_world_size() == 1:
+            return self.flag.received is not None
+        if (runner.iter + 1) % self.check_interval:  # the same iterations on every process
+            return False
+        return agree(self.flag.received is not None)
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self.flag.exit_at_once = None
+        if not self._stop_agreed(runner):
             return
         hook = _checkpoint_hook(runner)
         path = save_checkpoint_now(hook, runner) if hook is not None else None
-        why = f'received {self.flag.name}' if self.flag.received else \
+        if isinstance(runner.train_loop, IterBasedTrainLoop):
+            # mmengine validates after this iteration or not (its interval, its version's
+            # rule for the last iteration): its next step tells, before_val or the next
+            # before_train_iter / after_train_epoch
+            self._deferred, self._deferred_path = True, path
+            return
+        self._exit(runner, f'after iteration {runner.iter + 1}: checkpoint {path} written')
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        if self._deferred:  # no validation after the stopped iteration
+            self._exit_deferred(runner)
+
+    def after_train_epoch(self, runner) -> None:
+        if self._deferred:  # the stopped iteration was the last
+            self._exit_deferred(runner)
+
+    def before_val(self, runner) -> None:
+        if self._deferred:  # the stopped iteration is followed by a validation
+            self._stop_in_validation(runner, started=False)
+        self._eval_batches = _batches_of_every_process(runner.val_loop)
+
+    def before_test(self, runner) -> None:
+        self._eval_batches = _batches_of_every_process(runner.test_loop)
+
+    def after_val_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self._check_after_batch(runner, batch_idx, 'validation')
+
+    def after_test_iter(self, runner, batch_idx: int, data_batch=None, outputs=None) -> None:
+        self._check_after_batch(runner, batch_idx, 'test')
+
+    def _check_after_batch(self, runner, batch_idx: int, stage: str) -> None:
+        if get_world_size() == 1:
+            stop = self.flag.received is not None
+        elif batch_idx >= self._eval_batches or (batch_idx + 1) % self.check_interval:
+            return
+        else:
+            stop = agree(self.flag.received is not None)
+        if not stop:
+            return
+        if self._training and not self._rerunning_validation:
+            self._stop_in_validation(runner, started=True, pending=stage == 'validation')
+        else:
+            self._exit(runner, f'during the {stage}: nothing new to save',
+                       resume=self._training)
+
+    def _stop_in_validation(self, runner, started: bool, pending: bool = True) -> None:
+        """Checkpoint the training state with the validation pending, then exit.
+
+        ``started``: called after a validation (test) batch, when an ``EMAHook``
+        has put the averaged weights into the model (``before_val_epoch``); they
+        are swapped back first (its ``after_val_epoch``, which only swaps in
+        mmengine's hook), or the checkpoint would hold them as the training
+        weights and the training weights as the average.  ``pending``: record
+        the validation as pending (not for a test loop run inside training).
+        """
+        if started:
+            for hook in runner.hooks:
+                if isinstance(hook, EMAHook):
+                    hook.after_val_epoch(runner)
+        if pending:
+            runner.message_hub.update_info(PENDING_VALIDATION, runner.iter)
+        hook = _checkpoint_hook(runner)
+        if hook is None:
+            self._exit(runner, f'at the validation after iteration {runner.iter}: no '
+                       'CheckpointHook, nothing saved')
+        path = save_checkpoint_now(hook, runner, during_validation=True)
+        then = ', the validation runs when the run resumes' if pending else ''
+        self._exit(runner, f'at the validation after iteration {runner.iter}: checkpoint {path} '
+                   f'written{then}')
+
+    def _why(self) -> str:
+        return f'received {self.flag.name}' if self.flag.received else \
             'another process received a stop signal'
-        runner.logger.warning(
-            f'preempted ({why}) after iteration {runner.iter + 1}: checkpoint {path} written; '
-            f'exiting with status {PREEMPTED_EXIT_CODE} (restart with --resume to continue)')
+
+    def _exit_deferred(self, runner) -> None:
+        self._exit(runner, f'after iteration {runner.iter}: checkpoint {self._deferred_path} '
+                   'written')
+
+    def _exit(self, runner, what: str, resume: bool = True) -> None:
+        """Log why and what was saved, then raise ``SystemExit(75)``."""
+        then = 'restart with --resume to continue' if resume else 'run it again'
+        runner.logger.warning(f'preempted ({self._why()}) {what}; exiting with status '
+                              f'{PREEMPTED_EXIT_CODE} ({then})')
         self.flag.uninstall()
         raise SystemExit(PREEMPTED_EXIT_CODE)
 

@@ -104,6 +104,7 @@ class RNGStateHook(Hook):
         self._pending: Optional[Dict[str, Any]] = None
         self._gathered: Optional[List[Dict[str, Any]]] = None
         self._before_val: Optional[Dict[str, Any]] = None
+        self._resumed: Optional[Dict[str, Any]] = None  # this process's states of the resume
 
     def gather(self) -> None:
         """Collect the states of every process; call on all processes before a save."""
@@ -152,8 +153,20 @@ class RNGStateHook(Hook):
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         self._before_val = None  # a validation that raised (caught by a caller) is over
 
+    def restore_resumed(self) -> None:
+        """Put back the random states of the checkpoint resumed from (if any), now.
+
+        For work a resumed run does before its first new batch that an
+        uninterrupted run did with those states: the validation
+        :class:`PreemptionHook` runs again, whose ``save_best`` checkpoint
+        stores the states from before it.
+        """
+        if self._resumed is not None:
+            _restore_rng(self._resumed)
+
     def before_train(self, runner) -> None:
         state, self._pending = self._pending, None
+        self._resumed = state
         if state is None:
             return
         loop = runner.train_loop
