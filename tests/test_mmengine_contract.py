@@ -4,7 +4,9 @@
 methods (``CheckpointHook.after_train_iter`` / ``after_train_epoch`` / ``after_val_epoch``,
 ``EpochBasedTrainLoop.run_epoch`` / ``run_iter``), wraps public ones on the instance
 (``Runner.load_or_resume``, ``OptimWrapper.update_params`` / ``step``), calls public ones
-(``Runner.save_checkpoint``, the ``Hook`` interval helpers) and relies on mmengine's
+(``Runner.save_checkpoint``, the ``Hook`` interval helpers), sets ``train_loop.stop_training``
+as mmengine's ``EarlyStoppingHook`` does (tests/test_fault_tolerance.py fails when the loop then
+fetches another batch) and relies on mmengine's
 ``last_checkpoint`` protocol for ``--resume`` (and on ``after_val_epoch`` writing the periodic
 checkpoint again only when ``last_ckpt`` is set: tests/test_best_checkpoint.py fails when it
 does otherwise).  Each test fails when the installed

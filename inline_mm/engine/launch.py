@@ -401,6 +401,7 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
 
     from .data_checks import check_datasets_once
     from .dist import finish_distributed, lost_peer_message
+    from .signals import PREEMPTED_EXIT_CODE
     init_process_group(cfg, launcher)
     finished = False
     try:
@@ -412,6 +413,14 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         result = action(runner)
         finished = True
         return result
+    except SystemExit as stop:
+        # PreemptionHook's exit: every process agreed on it and raises it at the same
+        # step, so all reach the barrier.  Tearing the group down while a peer is still
+        # writing its checkpoint could abort this process at interpreter exit
+        # (``terminate called without an active exception``), a status the job
+        # scheduler does not requeue
+        finished = stop.code == PREEMPTED_EXIT_CODE
+        raise
     except Exception as err:
         # a peer process or node died or stopped answering: say so in one line
         message = lost_peer_message(err, cfg.get('work_dir'))

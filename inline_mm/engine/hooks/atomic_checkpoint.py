@@ -344,6 +344,11 @@ def _write_checkpoint(hook: CheckpointHook, runner, filename: str, meta: dict,
         if isinstance(other, RNGStateHook):
             other.gather()
     path = hook.file_backend.join_path(hook.out_dir, filename)
+    backend_args = hook.backend_args
+    if backend_args is None and hook.file_client_args is None and _is_local(hook.out_dir):
+        # mmengine's own CheckpointHook writes in place; through it a preemption's
+        # rewrite of the checkpoint just written could tear it (a kill after the grace)
+        backend_args = dict(backend=ATOMIC_BACKEND)
     error: Optional[Exception] = None
     if is_main_process():
         try:
@@ -351,7 +356,7 @@ def _write_checkpoint(hook: CheckpointHook, runner, filename: str, meta: dict,
                 hook.out_dir, filename, hook.file_client_args,
                 save_optimizer=hook.save_optimizer,
                 save_param_scheduler=hook.save_param_scheduler, meta=meta,
-                by_epoch=hook.by_epoch, backend_args=hook.backend_args, **hook.args)
+                by_epoch=hook.by_epoch, backend_args=backend_args, **hook.args)
             atomic_write(path, osp.join(runner.work_dir, 'last_checkpoint'))
         except Exception as err:  # every rank learns of it below
             error = err

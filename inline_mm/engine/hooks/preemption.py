@@ -165,14 +165,16 @@ class PreemptionHook(Hook):
         path = save_checkpoint_now(hook, runner) if hook is not None else None
         if isinstance(runner.train_loop, IterBasedTrainLoop):
             # mmengine validates after this iteration or not (its interval, its version's
-            # rule for the last iteration): its next step tells, before_val or the next
-            # before_train_iter / after_train_epoch
+            # rule for the last iteration): its next step tells, before_val or
+            # after_train_epoch.  stop_training (what mmengine's EarlyStoppingHook sets)
+            # ends the loop without fetching another batch
             self._deferred, self._deferred_path = True, path
+            runner.train_loop.stop_training = True
             return
         self._exit(runner, f'after iteration {runner.iter + 1}: checkpoint {path} written')
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
-        if self._deferred:  # no validation after the stopped iteration
+        if self._deferred:  # a loop that ignores stop_training: no validation came
             self._exit_deferred(runner)
 
     def after_train_epoch(self, runner) -> None:
