@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -630,6 +631,39 @@ def test_a_preempted_iteration_based_run_fetches_no_further_batch(tmp_path):
     assert stop.value.code == PREEMPTED_EXIT_CODE
     assert CountingDataset.fetched == 3
     assert os.path.isfile(tmp_path / 'work' / 'iter_3.pth')
+
+
+#: one of two gloo processes: rank 0 ends as a preempted run does (finish_preempted), rank 1
+#: never comes to the barrier (a peer lost after the processes agreed to stop)
+LOST_PEER = textwrap.dedent('''
+    import sys, time
+    import torch.distributed as dist
+    from inline_mm.engine.dist import finish_preempted
+    rank = int(sys.argv[1])
+    dist.init_process_group('gloo', init_method='tcp://127.0.0.1:' + sys.argv[2], rank=rank,
+                            world_size=2)
+    if rank == 1:
+        time.sleep(300)
+    finish_preempted(75, timeout=2)
+    print('not reached')
+''')
+
+
+def test_a_preempted_exit_does_not_wait_for_a_lost_peer():
+    """The barrier of a preempted run's exit (run_with_runner) waits a bounded time: a peer
+    that never comes neither holds the process past the scheduler's grace period (torch
+    2.1's gloo waits for it at interpreter exit) nor changes the status from 75."""
+    port = str(free_port())
+    peer = subprocess.Popen([sys.executable, '-c', LOST_PEER, '1', port], env=tool_env())
+    try:
+        out = subprocess.run([sys.executable, '-c', LOST_PEER, '0', port], env=tool_env(),
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        peer.kill()
+        peer.wait()
+    assert out.returncode == PREEMPTED_EXIT_CODE, out.stderr[-2000:]
+    assert 'warning: not every process reached the end of the preempted run' in out.stderr
+    assert 'timed out' in out.stderr and 'not reached' not in out.stdout
 
 
 @pytest.mark.slow

@@ -11,7 +11,9 @@ after a torchrun restart (:func:`torchrun_store`).
 :func:`lost_peer_message` turns the error of a collective whose peer died or
 stopped answering into one line that says what to do.
 """
+import logging
 import os
+import sys
 from datetime import timedelta
 from typing import Optional
 
@@ -139,7 +141,7 @@ def lost_peer_message(err: BaseException, work_dir: Optional[str] = None) -> Opt
             f'seconds); start the job again with --resume to continue from {resume}')
 
 
-def finish_distributed(barrier: bool = True) -> None:
+def finish_distributed(barrier: bool = True, timeout: Optional[float] = None) -> None:
     """Wait for every process (``barrier``), then tear the process group down.
 
     Leaving a gloo group alive until interpreter exit lets its background
@@ -147,8 +149,38 @@ def finish_distributed(barrier: bool = True) -> None:
     (``terminate called without an active exception``) after its work is done.
     After an error on one process, pass ``barrier=False``: the others may
     never reach the barrier.
+
+    Args:
+        barrier: wait for the other processes first.
+        timeout: seconds the barrier may take (None: the process group's
+            timeout).  When it runs out a ``RuntimeError`` is raised and the
+            group is left as it is (a peer is gone; tearing it down could hang).
     """
     if dist.is_available() and dist.is_initialized():
         if barrier:
-            dist.barrier()
+            if timeout is None:
+                dist.barrier()
+            else:
+                dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout))
         dist.destroy_process_group()
+
+
+def finish_preempted(exit_code: int, timeout: float) -> None:
+    """Tear the process group down after the processes agreed to stop (a preemption).
+
+    Every process comes to the barrier, as at the end of a finished run.  A peer
+    lost since the agreement must not hold this process past the scheduler's
+    grace period, nor turn ``exit_code`` into another: after ``timeout`` seconds
+    a warning is printed, the logs are flushed and the process ends with
+    ``exit_code`` at once (its interpreter's exit would wait for the peer in the
+    process group's destructor, as torch 2.1's gloo does).
+    """
+    try:
+        finish_distributed(timeout=timeout)
+    except Exception as err:
+        print(f'warning: not every process reached the end of the preempted run '
+              f'({" ".join(str(err).split())}); exiting with status {exit_code} all the '
+              f'same', file=sys.stderr, flush=True)
+        logging.shutdown()  # the log files' handlers
+        sys.stdout.flush()
+        os._exit(exit_code)

@@ -378,6 +378,10 @@ def init_process_group(cfg: Config, launcher: str) -> None:
     init_dist(launcher, **(env_cfg.get('dist_cfg') or {}))
 
 
+#: seconds the processes of a preempted run wait for each other before they exit
+PREEMPTED_BARRIER_TIMEOUT = 60
+
+
 def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
                     action: Callable[[Any], T], check_data: bool = True,
                     check_pretrained: bool = False) -> T:
@@ -400,10 +404,10 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
     from mmengine.runner import Runner
 
     from .data_checks import check_datasets_once
-    from .dist import finish_distributed, lost_peer_message
+    from .dist import finish_distributed, finish_preempted, lost_peer_message
     from .signals import PREEMPTED_EXIT_CODE
     init_process_group(cfg, launcher)
-    finished = False
+    finished = preempted = False
     try:
         if check_data:
             check_datasets_once(cfg, loaders)
@@ -414,12 +418,11 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         finished = True
         return result
     except SystemExit as stop:
-        # PreemptionHook's exit: every process agreed on it and raises it at the same
-        # step, so all reach the barrier.  Tearing the group down while a peer is still
-        # writing its checkpoint could abort this process at interpreter exit
-        # (``terminate called without an active exception``), a status the job
+        # PreemptionHook's exit: every process agreed on it at the same step, so all
+        # reach the barrier.  Torn down without it, a process could abort at interpreter
+        # exit (``terminate called without an active exception``), a status the job
         # scheduler does not requeue
-        finished = stop.code == PREEMPTED_EXIT_CODE
+        preempted = stop.code == PREEMPTED_EXIT_CODE
         raise
     except Exception as err:
         # a peer process or node died or stopped answering: say so in one line
@@ -428,8 +431,10 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
             print(message, file=sys.stderr, flush=True)
         raise
     finally:
-        # after an error on this process the others may never reach a barrier
-        finish_distributed(barrier=finished)
+        if preempted:
+            finish_preempted(PREEMPTED_EXIT_CODE, PREEMPTED_BARRIER_TIMEOUT)
+        else:  # after an error on this process the others may never reach a barrier
+            finish_distributed(barrier=finished)
 
 
 def format_user_error(err: BaseException) -> str:

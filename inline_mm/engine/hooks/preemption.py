@@ -67,8 +67,9 @@ class PreemptionHook(Hook):
     checkpoint holds); a resumed run runs it before it trains on, so no
     validation (nor its ``save_best`` checkpoint) is lost.  In an
     iteration-based loop the processes exit at the loop's next step after the
-    checkpoint: at the next iteration, or at the validation that follows the
-    iteration, which is then recorded as pending too.
+    checkpoint: the loop's end (``stop_training`` is set, so no further batch is
+    loaded), or the validation that follows the iteration, which is then
+    recorded as pending too.
 
     A signal that comes before the run's first training iteration has
     finished (while the checkpoint is loaded, mmengine replays the batches of
