@@ -103,6 +103,23 @@ def scalars(work_dir: str, all_runs: bool = False) -> list:
     return rows
 
 
+def checkpoint_weights(path, key: str = 'state_dict') -> dict:
+    """``key`` of a checkpoint this test run wrote (a full unpickle: our own files)."""
+    return torch.load(path, map_location='cpu', weights_only=False)[key]
+
+
+def assert_same_weights(a, b, exact: bool = True, key: str = 'state_dict') -> None:
+    """The two checkpoints hold the same ``key`` tensors: bit for bit (``exact``), or
+    within float rounding."""
+    wa, wb = checkpoint_weights(a, key), checkpoint_weights(b, key)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        if exact:
+            assert torch.equal(wa[name], wb[name]), name
+        else:
+            torch.testing.assert_close(wa[name], wb[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def free_port() -> int:
     """A TCP port free on the loopback now (for a torch.distributed master)."""
     import socket

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_custom_data import readme_config, run, shapes_coco  # noqa: F401  (fixture)
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, assert_same_weights
 from inline_mm.engine.hooks.preemption import PENDING_VALIDATION
 from inline_mm.engine.signals import PREEMPTED_EXIT_CODE
 
@@ -52,23 +52,12 @@ LOADERS = {'main-process': (['train_dataloader.num_workers=0',
                                           'train_cfg.val_interval=1'], 3)}
 
 
-def state_dict(path):
-    return torch.load(path, map_location='cpu', weights_only=False)['state_dict']
-
-
 def train(tmp_path, root, name, options, *args, signal=None):
     """tools/train.py on the own-data config in ``tmp_path / name`` (``signal``: a
     test-only hook's config text, see :func:`write_config`)."""
     config = write_config(tmp_path / f'{name}.py', root, signal)
     env = dict(PYTHONPATH=PLUGINS + os.pathsep + os.environ.get('PYTHONPATH', ''))
     return run([config, '--work-dir', str(tmp_path / name), *args, *options], **env)
-
-
-def assert_same_weights(a, b):
-    expected, got = state_dict(a), state_dict(b)
-    assert expected.keys() == got.keys()
-    for key in expected:
-        assert torch.equal(expected[key], got[key]), key
 
 
 @pytest.mark.parametrize('loader', list(LOADERS))

@@ -17,8 +17,8 @@ import time
 
 import pytest
 import torch
-from conftest import (REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, free_port, tool_env,
-                      toy_det_options)
+from conftest import (REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, assert_same_weights,
+                      checkpoint_weights, free_port, tool_env, toy_det_options)
 from conftest import scalars as all_scalars
 
 from inline_mm.engine.atomic_io import atomic_write
@@ -115,20 +115,6 @@ def scalars(work_dir):
 
 def losses(work_dir):
     return {r['iter']: r['loss'] for r in scalars(work_dir) if 'loss' in r}
-
-
-def weights(path, key='state_dict'):
-    return torch.load(path, map_location='cpu', weights_only=False)[key]
-
-
-def assert_same_weights(a, b, exact=True, key='state_dict'):
-    wa, wb = weights(a, key), weights(b, key)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        if exact:
-            assert torch.equal(wa[key], wb[key]), key
-        else:
-            torch.testing.assert_close(wa[key], wb[key], rtol=1e-5, atol=1e-6, msg=key)
 
 
 def pointer(work):
@@ -301,8 +287,8 @@ def test_nan_loss_skips_the_step_and_too_many_stop_the_run(toy_root, tmp_path):
     assert run.returncode == 0, out[-3000:]
     assert 'non-finite loss or gradient at iteration 4: optimizer step skipped' in out
     assert_same_weights(os.path.join(work, 'iter_3.pth'), os.path.join(work, 'iter_4.pth'))
-    after = weights(os.path.join(work, 'iter_5.pth'))
-    before = weights(os.path.join(work, 'iter_4.pth'))
+    after = checkpoint_weights(os.path.join(work, 'iter_5.pth'))
+    before = checkpoint_weights(os.path.join(work, 'iter_4.pth'))
     assert any(not torch.equal(after[k], before[k]) for k in after)  # training went on
     assert all(torch.isfinite(v).all() for v in after.values() if v.is_floating_point())
 
@@ -644,7 +630,7 @@ LOST_PEER = textwrap.dedent('''
                             world_size=2)
     if rank == 1:
         time.sleep(300)
-    finish_preempted(75, timeout=2)
+    finish_preempted(timeout=2)
     print('not reached')
 ''')
 
@@ -711,11 +697,7 @@ def test_a_check_interval_agrees_on_the_same_iterations_in_every_process(toy_roo
              'train_dataloader.batch_size': 1}
     proc = dist_train(work, toy_root, 2, free_port(), extra, hooks=hooks,
                       faults=[signal_at(2, rank=1)])
-    try:
-        out, _ = proc.communicate(timeout=180)  # it hung with the agreement off the interval
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    out = finish(proc, timeout=180)  # it hung with the agreement off the interval
     assert_preempted_launch(out)
     checkpoint = os.path.join(work, 'iter_4.pth')
     assert f'preempted (another process received a stop signal) after iteration 4: ' \

@@ -25,6 +25,7 @@ from mmengine.model import MMDistributedDataParallel
 from mmengine.registry import MODEL_WRAPPERS
 
 from ..errors import ConfigError
+from .signals import PREEMPTED_EXIT_CODE
 
 
 @MODEL_WRAPPERS.register_module()
@@ -165,22 +166,23 @@ def finish_distributed(barrier: bool = True, timeout: Optional[float] = None) ->
         dist.destroy_process_group()
 
 
-def finish_preempted(exit_code: int, timeout: float) -> None:
+def finish_preempted(timeout: float = 60.0) -> None:
     """Tear the process group down after the processes agreed to stop (a preemption).
 
     Every process comes to the barrier, as at the end of a finished run.  A peer
     lost since the agreement must not hold this process past the scheduler's
-    grace period, nor turn ``exit_code`` into another: after ``timeout`` seconds
+    grace period, nor turn its status 75 into another: after ``timeout`` seconds
     a warning is printed, the logs are flushed and the process ends with
-    ``exit_code`` at once (its interpreter's exit would wait for the peer in the
-    process group's destructor, as torch 2.1's gloo does).
+    :data:`~inline_mm.engine.signals.PREEMPTED_EXIT_CODE` at once (its
+    interpreter's exit would wait for the peer in the process group's
+    destructor, as torch 2.1's gloo does).
     """
     try:
         finish_distributed(timeout=timeout)
     except Exception as err:
         print(f'warning: not every process reached the end of the preempted run '
-              f'({" ".join(str(err).split())}); exiting with status {exit_code} all the '
-              f'same', file=sys.stderr, flush=True)
+              f'({" ".join(str(err).split())}); exiting with status {PREEMPTED_EXIT_CODE} '
+              f'all the same', file=sys.stderr, flush=True)
         logging.shutdown()  # the log files' handlers
         sys.stdout.flush()
-        os._exit(exit_code)
+        os._exit(PREEMPTED_EXIT_CODE)

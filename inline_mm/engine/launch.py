@@ -378,10 +378,6 @@ def init_process_group(cfg: Config, launcher: str) -> None:
     init_dist(launcher, **(env_cfg.get('dist_cfg') or {}))
 
 
-#: seconds the processes of a preempted run wait for each other before they exit
-PREEMPTED_BARRIER_TIMEOUT = 60
-
-
 def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
                     action: Callable[[Any], T], check_data: bool = True,
                     check_pretrained: bool = False) -> T:
@@ -432,7 +428,7 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         raise
     finally:
         if preempted:
-            finish_preempted(PREEMPTED_EXIT_CODE, PREEMPTED_BARRIER_TIMEOUT)
+            finish_preempted()
         else:  # after an error on this process the others may never reach a barrier
             finish_distributed(barrier=finished)
 

@@ -57,7 +57,7 @@ class PreemptionHook(Hook):
     flag is agreed on by all processes (one all-reduce of an int), so a signal
     received by any process stops every process after the same iteration;
     then a checkpoint of that iteration is written (rank 0, atomically, through
-    :class:`AtomicCheckpointHook`) and every process raises
+    the run's ``CheckpointHook``) and every process raises
     ``SystemExit(PREEMPTED_EXIT_CODE)``, which works under any training tool.
     Slurm's ``--signal=USR1@120`` leaves two minutes for this.
 
