@@ -3,8 +3,9 @@
 ``inline_mm.engine`` uses no private Runner / hook / loop member: it overrides public
 methods (``CheckpointHook.after_train_iter`` / ``after_train_epoch`` / ``after_val_epoch``,
 ``EpochBasedTrainLoop.run_epoch`` / ``run_iter``), wraps public ones on the instance
-(``Runner.load_or_resume``, ``OptimWrapper.update_params`` / ``step``), calls public ones
-(``Runner.save_checkpoint``, the ``Hook`` interval helpers), sets ``train_loop.stop_training``
+(``Runner.load_or_resume`` and ``FlexibleRunner``'s, ``OptimWrapper.update_params`` / ``step``),
+calls public ones (``Runner.save_checkpoint`` and ``FlexibleRunner``'s, the ``Hook`` interval
+helpers), sets ``train_loop.stop_training``
 as mmengine's ``EarlyStoppingHook`` does (tests/test_fault_tolerance.py fails when the loop then
 fetches another batch) and relies on mmengine's
 ``last_checkpoint`` protocol for ``--resume`` (and on ``after_val_epoch`` writing the periodic
@@ -20,7 +21,7 @@ import os
 import pytest
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.optim import OptimWrapper
-from mmengine.runner import EpochBasedTrainLoop, Runner, find_latest_checkpoint
+from mmengine.runner import EpochBasedTrainLoop, FlexibleRunner, Runner, find_latest_checkpoint
 
 from conftest import DATA_DIR
 
@@ -33,6 +34,10 @@ RELIED_ON = {
     (Runner, 'save_checkpoint'): ['self', 'out_dir', 'filename', 'file_client_args',
                                   'save_optimizer', 'save_param_scheduler', 'meta',
                                   'by_epoch', 'backend_args'],
+    (FlexibleRunner, 'load_or_resume'): ['self'],
+    (FlexibleRunner, 'save_checkpoint'): ['self', 'out_dir', 'filename', 'file_client_args',
+                                          'save_optimizer', 'save_param_scheduler', 'meta',
+                                          'by_epoch', 'backend_args'],
     (CheckpointHook, 'before_train'): ['self', 'runner'],
     (CheckpointHook, 'after_train_iter'): ['self', 'runner', 'batch_idx', 'data_batch',
                                            'outputs'],

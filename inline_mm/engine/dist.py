@@ -5,7 +5,8 @@ mmengine 0.10.7 assumes CUDA once a launcher is set: its ``init_dist`` calls
 ``device_ids=[LOCAL_RANK]``.  :func:`prepare_distributed` initialises the
 process group itself (gloo) when no GPU is present, and points the runner at
 :class:`AnyDeviceDistributedDataParallel`, which drops ``device_ids`` for CPU
-modules; on GPU machines both leave mmengine's behaviour untouched, except
+modules (also as a ``FlexibleRunner``'s DDP strategy wrapper); on GPU machines
+both leave mmengine's behaviour untouched, except
 after a torchrun restart (:func:`torchrun_store`).
 
 :func:`lost_peer_message` turns the error of a collective whose peer died or
@@ -22,7 +23,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from mmengine.config import Config
 from mmengine.model import MMDistributedDataParallel
-from mmengine.registry import MODEL_WRAPPERS
+from mmengine.registry import MODEL_WRAPPERS, RUNNERS, STRATEGIES
+from mmengine.runner import FlexibleRunner
 
 from ..errors import ConfigError
 from .signals import PREEMPTED_EXIT_CODE
@@ -91,6 +93,27 @@ def prepare_distributed(cfg: Config, launcher: str) -> None:
                                 timeout=timeout, store=torchrun_store(timeout))
     if cfg.get('model_wrapper_cfg') is None:
         cfg.model_wrapper_cfg = dict(type='AnyDeviceDistributedDataParallel')
+    _wrap_cpu_modules_of_flexible_runner(cfg)
+
+
+def _wrap_cpu_modules_of_flexible_runner(cfg: Config) -> None:
+    """A FlexibleRunner's DDP strategy wraps the model itself: with our CPU-capable wrapper.
+
+    mmengine's ``DDPStrategy`` (FlexibleRunner's default with a launcher) passes
+    ``device_ids``, which DDP refuses for CPU modules.
+    """
+    runner_type = cfg.get('runner_type')
+    runner_cls = RUNNERS.get(runner_type) if isinstance(runner_type, str) else runner_type
+    if not (isinstance(runner_cls, type) and issubclass(runner_cls, FlexibleRunner)):
+        return
+    strategy = cfg.get('strategy') or dict(type='DDPStrategy')
+    kind = strategy.get('type') if isinstance(strategy, dict) else None
+    if kind in ('DDPStrategy', STRATEGIES.get('DDPStrategy')) and \
+            strategy.get('model_wrapper') is None:
+        # broadcast_buffers=False: the strategy's own default wrapper setting
+        strategy['model_wrapper'] = dict(type='AnyDeviceDistributedDataParallel',
+                                         broadcast_buffers=False)
+        cfg.strategy = strategy
 
 
 def _prepare_gpu_restart(cfg: Config, launcher: str) -> None:

@@ -397,9 +397,8 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
     Returns:
         What ``action`` returns.
     """
-    from mmengine.runner import Runner
-
     from .data_checks import check_datasets_once
+    from .runners import build_runner
     from .dist import finish_distributed, finish_preempted, lost_peer_message
     from .signals import PREEMPTED_EXIT_CODE
     init_process_group(cfg, launcher)
@@ -409,7 +408,7 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
             check_datasets_once(cfg, loaders)
         if check_pretrained:  # before the Runner writes the work dir and its log
             check_pretrained_files(cfg.get('model'))
-        runner = Runner.from_cfg(cfg)
+        runner = build_runner(cfg)
         result = action(runner)
         finished = True
         return result

@@ -7,7 +7,9 @@ mmengine's ``HOOKS`` (configs name them by type):
 * :mod:`.rng_state`: :class:`RNGStateHook`, random states saved and restored exactly;
 * :mod:`.atomic_checkpoint`: :class:`AtomicCheckpointHook`, atomic checkpoints and
   ``--resume`` from the newest readable one;
-* :mod:`.preemption`: :class:`PreemptionHook`, SIGTERM / SIGUSR1 -> checkpoint, exit 75.
+* :mod:`.preemption`: :class:`PreemptionHook`, SIGTERM / SIGUSR1 -> checkpoint, exit 75;
+* :mod:`.runner_access`: what the checkpoint hooks need of mmengine's Runner or
+  FlexibleRunner (loads of mmengine's checkpoint types, process-0 saves).
 
 :class:`~inline_mm.engine.nonfinite.NonFiniteLossHook` (a NaN / Inf loss or
 gradient skips the optimizer step) lives in its own module; it carries the

@@ -10,7 +10,6 @@ makes ``--resume`` take the newest *readable* checkpoint, and keeps the previous
 :func:`save_checkpoint_now` writes the checkpoint of the current iteration
 through any ``CheckpointHook`` (what :class:`PreemptionHook` saves with).
 """
-import functools
 import os
 import os.path as osp
 from typing import Callable, List, Optional
@@ -19,12 +18,13 @@ import torch
 from mmengine.dist import all_reduce, broadcast_object_list, get_world_size, is_main_process
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
+from mmengine.runner import FlexibleRunner
 
-from ...checkpoint import mmengine_checkpoint_globals
 from ..atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
 from ..checkpoint_files import (CheckpointWriteError, hold_best_checkpoints,
                                 newest_readable_checkpoint, recover_held_best, settle_held_best)
 from .rng_state import RNGStateHook
+from .runner_access import check_rank0_saves, scope_load_or_resume
 
 #: file name start of the mid-epoch checkpoints written on preemption
 PREEMPT_PREFIX = 'preempt_iter_'
@@ -65,29 +65,6 @@ def _best_records(runner) -> dict:
     They change exactly when ``save_best`` saves a new best checkpoint.
     """
     return {k: v for k, v in runner.message_hub.runtime_info.items() if k.startswith('best_')}
-
-
-def _scope_checkpoint_globals(runner) -> None:
-    """Make ``runner.load_or_resume`` allow mmengine's runner checkpoint types while it loads.
-
-    torch >= 2.6 loads with ``weights_only=True``, which refuses what mmengine
-    pickles into its own checkpoints (the message hub); the Runner calls its
-    public ``load_or_resume()`` right after the ``before_run`` hooks.  The
-    allow-list applies inside that call only
-    (:func:`~inline_mm.checkpoint.mmengine_checkpoint_globals`): torch's
-    allow-list is unchanged before and after, also when the load fails.
-    """
-    load_or_resume = runner.load_or_resume
-    if getattr(load_or_resume, 'inline_mm_scoped', False):
-        return
-
-    @functools.wraps(load_or_resume)
-    def scoped_load_or_resume() -> None:
-        with mmengine_checkpoint_globals():
-            return load_or_resume()
-
-    scoped_load_or_resume.inline_mm_scoped = True  # type: ignore[attr-defined]
-    runner.load_or_resume = scoped_load_or_resume
 
 
 def _is_local(path) -> bool:
@@ -161,7 +138,32 @@ class AtomicCheckpointHook(CheckpointHook):
     """
 
     def before_run(self, runner) -> None:
-        _scope_checkpoint_globals(runner)
+        if isinstance(runner, FlexibleRunner):
+            check_rank0_saves(type(runner.strategy), type(self).__name__)
+        if isinstance(runner, FlexibleRunner) and \
+                getattr(runner.load_or_resume, 'inline_mm_before', None) is None and \
+                runner.cfg.get('resume', False):
+            # FlexibleRunner loads before the before_run hooks: too late here
+            runner.logger.warning(
+                'FlexibleRunner built outside inline-mm\'s tools: --resume took what '
+                'last_checkpoint names without the integrity check and on torch >= 2.6 '
+                'fails on the types mmengine pickles; train with inline-mm\'s tools/train.py')
+        self.prepare_resume(runner)
+
+    def prepare_resume(self, runner) -> None:
+        """Make the runner's ``load_or_resume`` pick the checkpoint and allow mmengine's types.
+
+        mmengine's ``Runner`` loads right after the ``before_run`` hooks, which
+        call this; ``FlexibleRunner`` loads before them, so inline-mm's tools
+        call it as soon as the runner is built
+        (:func:`~inline_mm.engine.launch.build_runner`).
+        """
+        before = scope_load_or_resume(runner)
+        if self._pick_resume_checkpoint not in before:
+            before.append(self._pick_resume_checkpoint)
+
+    def _pick_resume_checkpoint(self, runner) -> None:
+        """``--resume`` without a file: point ``last_checkpoint`` at the newest readable one."""
         cfg = runner.cfg
         if not (cfg.get('resume', False) and cfg.get('load_from') is None):
             return

@@ -13,11 +13,12 @@ import torch
 from mmengine.dist import all_reduce, get_world_size
 from mmengine.hooks import CheckpointHook, EMAHook, Hook
 from mmengine.registry import HOOKS
-from mmengine.runner import IterBasedTrainLoop
+from mmengine.runner import FlexibleRunner, IterBasedTrainLoop
 
 from ..signals import PREEMPTED_EXIT_CODE, PreemptionFlag
 from .atomic_checkpoint import agree, save_checkpoint_now
 from .rng_state import RNGStateHook
+from .runner_access import check_rank0_saves
 
 #: message-hub key (saved in checkpoints): the iteration count of a validation that a
 #: preemption interrupted or came right before, which the resumed run runs first
@@ -111,6 +112,8 @@ class PreemptionHook(Hook):
         self._agreed = (iteration, stop)
 
     def before_run(self, runner) -> None:
+        if isinstance(runner, FlexibleRunner):
+            check_rank0_saves(type(runner.strategy), type(self).__name__)
         if not self.flag.install():
             runner.logger.warning('PreemptionHook: not in the main thread, signals are not '
                                   'handled')

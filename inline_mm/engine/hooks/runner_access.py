@@ -1,0 +1,67 @@
+"""How the checkpoint hooks reach the runner's loads and saves: mmengine's Runner or FlexibleRunner.
+
+* :func:`scope_load_or_resume`: the runner's ``load_or_resume`` accepts the types
+  mmengine pickles into its checkpoints (torch >= 2.6 loads with ``weights_only``),
+  during that call only, after callbacks that must come before the load (the
+  checkpoint ``--resume`` picks).  mmengine's Runner loads after the
+  ``before_run`` hooks, FlexibleRunner before them.
+* :func:`check_rank0_saves`: the hooks write checkpoints on process 0; the
+  FlexibleRunner strategies that save on every process are refused.
+"""
+import functools
+from typing import Any, Callable, List
+
+from mmengine.registry import STRATEGIES
+
+from ...checkpoint import mmengine_checkpoint_globals
+from ...errors import ConfigError
+
+
+def scope_load_or_resume(runner) -> List[Callable[[Any], None]]:
+    """Make ``runner.load_or_resume`` allow mmengine's runner checkpoint types while it loads.
+
+    torch >= 2.6 loads with ``weights_only=True``, which refuses what mmengine
+    pickles into its own checkpoints (the message hub).  The public
+    ``load_or_resume()`` is wrapped on the instance: the allow-list applies
+    inside that call only (:func:`~inline_mm.checkpoint.mmengine_checkpoint_globals`),
+    torch's allow-list is unchanged before and after, also when the load fails.
+
+    Returns the list of callbacks (called with the runner) the wrapper runs
+    before the load; a second call returns the same list.
+    """
+    current = runner.load_or_resume
+    before = getattr(current, 'inline_mm_before', None)
+    if before is not None:
+        return before
+    before = []
+
+    @functools.wraps(current)
+    def scoped_load_or_resume() -> None:
+        for call in before:
+            call(runner)
+        with mmengine_checkpoint_globals():
+            return current()
+
+    scoped_load_or_resume.inline_mm_before = before  # type: ignore[attr-defined]
+    runner.load_or_resume = scoped_load_or_resume
+    return before
+
+
+def check_rank0_saves(strategy: type, who: str) -> None:
+    """Refuse a ``FlexibleRunner`` strategy whose checkpoints every process must write.
+
+    The checkpoint writes of :class:`AtomicCheckpointHook` and
+    :class:`~inline_mm.engine.hooks.preemption.PreemptionHook` (``who``) run on
+    rank 0 only (then all processes agree on the outcome), as mmengine's
+    ``Runner`` and the single-device / DDP strategies save.  DeepSpeed, FSDP and
+    ColossalAI save collectively: rank 0 would wait for the others forever.
+    """
+    rank0_saves = {STRATEGIES.get(name).save_checkpoint
+                   for name in ('SingleDeviceStrategy', 'DDPStrategy')}
+    if strategy.save_checkpoint not in rank0_saves:
+        raise ConfigError(
+            f'{who} writes checkpoints on process 0 only, but the FlexibleRunner strategy '
+            f'{strategy.__name__} saves on every process (it would hang). Use '
+            f"strategy=dict(type='DDPStrategy') or mmengine's Runner (no runner_type), or "
+            f"drop {who} from the config (default_hooks.checkpoint=dict(type='CheckpointHook')"
+            f', no PreemptionHook in custom_hooks)')
