@@ -49,8 +49,11 @@ def toy_root(tmp_path_factory):
      ["unknown config option 'train_cfg.max_iter'", "did you mean 'train_cfg.max_iters'"]),
     # an index past the end of a list
     ({'train_pipeline.9.prob': 0}, [], ['train_pipeline is a list of 5']),
-    # a bad arch, raised while the Runner builds the model
+    # a bad arch, attn_type or type name: the model is built before the Runner
     ({'model.backbone.arch': 'tiniest'}, [], ["unknown arch 'tiniest' for InLinePVT"]),
+    ({'model.backbone.attn_type': 'III'}, [], ["attn_type 'III' does not fit InLinePVT"]),
+    ({'model.backbone.type': 'InLinePVTX'}, [],
+     ['InLinePVTX is not in the mmdet::model registry', 'InLinePVT, InLineSwin']),
     ({}, ['--resume', 'no_such.pth'], ["checkpoint to resume from 'no_such.pth' not found"]),
 ])
 def test_train_user_errors(tmp_path, toy_root, options, args, fragments):
@@ -63,12 +66,36 @@ def test_train_user_errors(tmp_path, toy_root, options, args, fragments):
     out = run(tool('train.py'), TOY_DET, '--work-dir', work, *args, '--cfg-options',
               *[f'{k}={v}' for k, v in data.items()])
     one_line_error(out, *fragments)
-    # checked before the Runner starts: nothing written; a model error stops the Runner
-    # while it builds the model: at most its log, no checkpoint
-    if 'arch' in str(options):
-        assert not list(work.rglob('*.pth'))
-    else:
-        assert not work.exists()
+    assert not work.exists()  # checked before the Runner starts: nothing written
+
+
+def test_resume_from_a_checkpoint_not_of_this_training(tmp_path, toy_root):
+    """Weights without training state, and a training checkpoint of another arch: one line
+    before the Runner, the work dir of the earlier run untouched."""
+    import torch
+    from mmengine.config import Config
+
+    from inline_mm.engine.runner_utils import build_model
+    cfg = Config.fromfile(TOY_DET)
+    weights = tmp_path / 'weights.pth'
+    torch.save({'state_dict': build_model(cfg).state_dict()}, weights)
+    cfg.model.backbone.arch = 'small'
+    other = tmp_path / 'other_arch.pth'
+    torch.save({'state_dict': build_model(cfg).state_dict(), 'meta': {'iter': 2},
+                'message_hub': {}}, other)
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / 'earlier_run.py').write_text('# the config dump of an earlier run\n')
+    data = [f'{split}_dataloader.dataset.data_root={toy_root}/'
+            for split in ('train', 'val', 'test')]
+    out = run(tool('train.py'), TOY_DET, '--work-dir', work, '--resume', weights,
+              '--cfg-options', *data)
+    one_line_error(out, f'{weights} holds no training state (meta, message_hub missing)',
+                   f'--cfg-options load_from={weights}')
+    out = run(tool('train.py'), TOY_DET, '--work-dir', work, '--resume', other,
+              '--cfg-options', *data)
+    one_line_error(out, str(other))
+    assert sorted(p.name for p in work.iterdir()) == ['earlier_run.py']
 
 
 def test_missing_config_and_checkpoint(tmp_path):

@@ -3,6 +3,7 @@
 Depths are shrunk here (not in the configs) so the whole set runs in CI time;
 checkpoints are not loaded (the authors' weights are not bundled).
 """
+import copy
 import glob
 import os
 
@@ -69,6 +70,20 @@ def _metafile_entry(path):
 
 
 @pytest.mark.slow
+def _decayed_norms(model, optim_wrapper_cfg) -> list:
+    """The backbone's norm-layer parameters that the config's optimizer decays."""
+    from mmengine.optim import build_optim_wrapper
+    from torch.nn.modules.batchnorm import _BatchNorm
+    cfg = copy.deepcopy(optim_wrapper_cfg)
+    cfg.type = 'OptimWrapper'  # the param groups are the constructor's; AMP needs a GPU
+    wrapper = build_optim_wrapper(model, cfg)
+    decay = {id(p): group['weight_decay'] for group in wrapper.optimizer.param_groups
+             for p in group['params']}
+    return [name for prefix, module in model.backbone.named_modules()
+            if isinstance(module, (torch.nn.LayerNorm, torch.nn.GroupNorm, _BatchNorm))
+            for name, p in module.named_parameters(prefix=prefix) if decay[id(p)] != 0]
+
+
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
 def test_config_builds_and_runs_forward(path):
     cfg = read_config(path)
@@ -106,6 +121,8 @@ def test_config_builds_and_runs_forward(path):
         sample = SegDataSample(metainfo=dict(img_shape=(96, 128), ori_shape=(96, 128),
                                              pad_shape=(96, 128)))
     model = MODELS.build(cfg.model).eval()
+    if 'toy' not in path:
+        assert not _decayed_norms(model, cfg.optim_wrapper)
     image = torch.from_numpy(np.random.RandomState(0).randint(0, 255, (3, 96, 128),
                                                               dtype=np.uint8))
     with torch.no_grad():

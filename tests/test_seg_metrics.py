@@ -1,4 +1,5 @@
 """The segmentation evaluators of ``tools/test.py``: the pixel confusion matrix."""
+import glob
 import json
 import os
 import subprocess
@@ -127,7 +128,8 @@ def test_test_tool_writes_the_matrix_of_a_segmentor_and_refuses_a_detector(tmp_p
     torch.save({'state_dict': build_model(Config.fromfile(config)).state_dict()}, ckpt)
     test = os.path.join(REPO_ROOT, 'tools', 'test.py')
     out = subprocess.run([sys.executable, test, config, ckpt, '--work-dir', str(tmp_path / 'w'),
-                          '--confusion-matrix', str(tmp_path / 'cm.json'), '--cfg-options',
+                          '--confusion-matrix', str(tmp_path / 'cm.json'),
+                          '--show-dir', 'vis', '--cfg-options',
                           f'test_dataloader.dataset.data_root={root}/',
                           'test_evaluator.ignore_index=0'],  # the config's IoUMetric's
                          capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
@@ -137,6 +139,10 @@ def test_test_tool_writes_the_matrix_of_a_segmentor_and_refuses_a_detector(tmp_p
     assert counts.shape == (4, 4) and counts.sum() > 0
     assert counts[0].sum() == 0  # background: not scored with the config's ignore_index 0
     assert 'confusion matrix (% of each true class; rows true, columns predicted):' in log
+    # --show-dir: one drawing per test image, named after it, where mmdet's tool puts them
+    drawn = sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / 'w' / '*' / 'vis' / '*')))
+    assert drawn == sorted(os.path.basename(p)[:-4] + '.png' for p in
+                           glob.glob(os.path.join(root, 'images', 'validation', '*.jpg')))
     # every scored pixel of the 3 images, as the run's own mIoU line has them
     iou = np.diag(counts) / np.maximum(counts.sum(0) + counts.sum(1) - np.diag(counts), 1)
     present = counts.sum(0) + counts.sum(1) > 0

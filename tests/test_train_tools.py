@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,14 +155,24 @@ def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
     assert glob.glob(str(tmp_path / 'test' / '*' / 'vis' / '*.jpg')) or \
         glob.glob(str(tmp_path / 'test' / '*' / 'vis' / '*.png'))
     images = sorted(glob.glob(os.path.join(toy_root, 'val', '*.jpg')))
+    # an image of the same name from another folder: drawn beside, not over, the first
+    os.makedirs(tmp_path / 'other')
+    same_name = shutil.copy(images[0], tmp_path / 'other')
     infer = subprocess.run([sys.executable, os.path.join(REPO_ROOT, 'tools', 'infer.py')] +
-                           images + ['--config', CONFIG, '--checkpoint', ckpt,
+                           images + [same_name] + ['--config', CONFIG, '--checkpoint', ckpt,
                                      '--out-dir', str(tmp_path / 'pred'), '--score-thr', '0.0'],
                            capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
     assert infer.returncode == 0, infer.stderr[-3000:]
     assert f'from path: {ckpt}' in infer.stdout + infer.stderr  # mmengine's load_checkpoint
     written = sorted(os.listdir(tmp_path / 'pred'))
-    assert written == [os.path.basename(p)[:-4] + '.png' for p in images]
+    assert written == sorted([os.path.basename(p)[:-4] + '.png' for p in images] +
+                             [os.path.basename(images[0])[:-4] + '_2.png'])
+
+
+def test_drawings_of_images_that_share_a_name_get_their_own_files():
+    from inline_mm.engine.runner_utils import drawing_names
+    assert drawing_names(['a/x.jpg', 'b/x.jpg', 'x.png', 'c/x_2.jpg', 'y.jpg']) == \
+        ['x.png', 'x_3.png', 'x_4.png', 'x_2.png', 'y.png']
 
 
 def test_cpu_autocast_wrapper_runs_the_forward_in_bf16():

@@ -13,6 +13,7 @@ error in the input prints one line and every process exits with status 2.
 import argparse
 import os.path as osp
 import sys
+from typing import Optional
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -22,8 +23,9 @@ from inline_mm.checkpoint import load_checkpoint_file  # noqa: E402
 from inline_mm.engine.amp import configure_amp  # noqa: E402
 from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
                                      load_config, run_with_runner, set_local_rank)
-from inline_mm.engine.runner_utils import task_of  # noqa: E402
-from inline_mm.errors import ConfigError, MissingFileError  # noqa: E402
+from inline_mm.engine.model_fit import check_checkpoint_fits  # noqa: E402
+from inline_mm.engine.runner_utils import build_model, task_of  # noqa: E402
+from inline_mm.errors import CheckpointError, ConfigError, MissingFileError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -62,15 +64,37 @@ def build_config(args) -> Config:
     elif args.resume is not None:
         if not osp.isfile(args.resume):
             raise MissingFileError(f'checkpoint to resume from {args.resume!r} not found')
-        load_checkpoint_file(args.resume)  # one line for a text / truncated file
         cfg.resume = True
         cfg.load_from = args.resume
     return cfg
 
 
+def check_model(cfg: Config, resume: Optional[str]) -> None:
+    """Build the model once before the Runner, and check the checkpoint to resume from.
+
+    A bad arch, ``attn_type`` or type name, or a ``--resume`` file that is not a
+    training checkpoint of this model (mmengine would load what fits with warnings,
+    then fail in the optimizer), stops here in one line: the Runner has not yet
+    written its log and config dump into the work dir.
+    """
+    model = build_model(cfg)
+    if resume is None or resume == 'auto':
+        return
+    checkpoint = load_checkpoint_file(resume)  # one line for a text / truncated file
+    missing = [key for key in ('state_dict', 'meta', 'message_hub') if key not in checkpoint]
+    if missing:
+        raise CheckpointError(
+            f"{resume} holds no training state ({', '.join(missing)} missing): --resume "
+            'continues a run from a checkpoint its training wrote (iter_<n>.pth / '
+            f'epoch_<n>.pth); to train from these weights use --cfg-options load_from={resume}')
+    del checkpoint
+    check_checkpoint_fits(model, resume, min_found=1.0)
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     cfg = build_config(args)
+    check_model(cfg, args.resume)
     run_with_runner(cfg, args.launcher, ('train_dataloader', 'val_dataloader'),
                     lambda runner: runner.train(), check_pretrained=True)
 

@@ -20,3 +20,6 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
     neck=dict(in_channels=[64, 128, 256, 512]))
+# the stem's LayerNorm keeps the authors' name (stage1_conv_embed.2), which the base's
+# custom key 'norm' does not match: no decay on any norm layer, by type
+optim_wrapper = dict(paramwise_cfg=dict(norm_decay_mult=0.))

@@ -54,10 +54,11 @@ def draw_images(model: nn.Module, cfg, images: Sequence[str], results: Sequence[
         meta = dataset_metainfo(cfg)
     visualizer.dataset_meta = meta
     visualizer.alpha = opacity
+    from ..engine.runner_utils import drawing_names
     written = []
-    for path, result in zip(images, results):
+    for path, result, name in zip(images, results, drawing_names(images)):
         image = mmcv.imconvert(mmcv.imread(path), 'bgr', 'rgb')
-        out_file = osp.join(out_dir, osp.splitext(osp.basename(path))[0] + '.png')
+        out_file = osp.join(out_dir, name)
         visualizer.add_datasample(osp.basename(path), image, data_sample=result,
                                   draw_gt=False, show=False, out_file=out_file)
         written.append(out_file)

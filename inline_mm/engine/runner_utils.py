@@ -11,10 +11,12 @@ checks are in :mod:`inline_mm.engine.data_checks`.
 import importlib
 import os
 import os.path as osp
-from typing import Any, Iterable, List
+from typing import Any, Iterable, List, Sequence
 
 import torch
 from mmengine.config import Config
+
+from ..errors import ConfigError
 
 # the dataset checks live in data_checks; these names are imported from here too
 from .data_checks import (check_datasets, check_datasets_once, dataset_class,  # noqa: F401
@@ -48,7 +50,16 @@ def build_model(cfg: Config, pretrained: bool = False) -> Any:
     model_cfg = cfg.model.copy()
     if not pretrained and 'backbone' in model_cfg:
         model_cfg.backbone = dict(model_cfg.backbone, init_cfg=None)
-    return importlib.import_module(f'{task}.registry').MODELS.build(model_cfg)
+    try:
+        return importlib.import_module(f'{task}.registry').MODELS.build(model_cfg)
+    except KeyError as err:  # mmengine's registry: a type name nothing registered
+        message = str(err.args[0]) if err.args else ''
+        if 'registry' not in message or 'is not in the' not in message:
+            raise
+        raise ConfigError(f"{message.split('. ')[0]}: check the model's type names in the "
+                          'config (inline-mm registers InLinePVT, InLineSwin, InLineCSWin and '
+                          'InLineDeiT; a config needs custom_imports=dict(imports=[\'inline_mm'
+                          '\']) to use them)') from None
 
 
 def dummy_data_samples(task: str, height: int, width: int, batch: int = 1) -> list:
@@ -85,6 +96,25 @@ class TensorModeForward(torch.nn.Module):
         return self.model(inputs, samples, mode='tensor')
 
 
+def drawing_names(images: Sequence[str]) -> List[str]:
+    """One PNG file name per image, after the image's own name.
+
+    Images that share a name (``a/x.jpg`` and ``b/x.jpg``, or ``x.jpg`` and
+    ``x.png``) would overwrite each other's drawing: the second becomes
+    ``x_2.png`` (the third ``x_3.png`` ...), a suffix no input's own name takes.
+    """
+    stems = [osp.splitext(osp.basename(path))[0] for path in images]
+    own, taken, names = set(stems), set(), []
+    for stem in stems:
+        name, k = stem, 1
+        while name in taken or (k > 1 and name in own):
+            k += 1
+            name = f'{stem}_{k}'
+        taken.add(name)
+        names.append(name + '.png')
+    return names
+
+
 def draw_predictions(model, cfg: Config, images: Iterable[str], out_dir: str,
                      score_thr: float = 0.3, opacity: float = 0.5,
                      progress: bool = True) -> List[str]:
@@ -111,10 +141,10 @@ def draw_predictions(model, cfg: Config, images: Iterable[str], out_dir: str,
         visualizer.alpha = opacity
     bar = ProgressBar(len(images)) if progress else None
     written = []
-    for path in images:
+    for path, name in zip(images, drawing_names(images)):
         result = predict(model, path)
         image = mmcv.imconvert(mmcv.imread(path), 'bgr', 'rgb')
-        out_file = osp.join(out_dir, osp.splitext(osp.basename(path))[0] + '.png')
+        out_file = osp.join(out_dir, name)
         kwargs = dict(pred_score_thr=score_thr) if task == 'mmdet' else {}
         visualizer.add_datasample(osp.basename(path), image, data_sample=result, draw_gt=False,
                                   show=False, out_file=out_file, **kwargs)

@@ -35,6 +35,7 @@ if SegVisualizationHook is not None:
         def __init__(self, test_out_dir: Optional[str] = None, **kwargs) -> None:
             super().__init__(**kwargs)
             self.test_out_dir = test_out_dir
+            self._drawn = 0  # the visualizer's step of each drawing (mmseg keeps no count)
 
         def after_test_iter(self, runner, batch_idx: int, data_batch: dict,
                             outputs: Sequence) -> None:
@@ -43,7 +44,7 @@ if SegVisualizationHook is not None:
             out_dir = osp.join(runner.work_dir, runner.timestamp, self.test_out_dir)
             os.makedirs(out_dir, exist_ok=True)
             for data_sample in outputs:
-                self._test_index += 1
+                self._drawn += 1
                 img = mmcv.imfrombytes(get_file(data_sample.img_path,
                                                 backend_args=self.backend_args),
                                        channel_order='rgb')
@@ -51,4 +52,4 @@ if SegVisualizationHook is not None:
                 self._visualizer.add_datasample(
                     f'test_{name}', img, data_sample=data_sample, show=self.show,
                     wait_time=self.wait_time, out_file=osp.join(out_dir, name),
-                    step=self._test_index)
+                    step=self._drawn)
