@@ -209,3 +209,19 @@ def test_training_iteration_benchmark_refuses_a_segmentation_config():
     with pytest.raises(ConfigError, match='is a mmseg config: this benchmark times detector'):
         benchmark_train.main([os.path.join(REPO_ROOT, 'configs', 'seg', 'toy',
                                            'fpn_inline_pvt_toy.py'), '--repeats', '1'])
+
+
+def test_vis_attention_names_the_blocks_a_backbone_has():
+    from _bench_common import build_backbone
+
+    from inline_mm.errors import ConfigError
+    pvt, deit = build_backbone('inline_pvt_t'), build_backbone('inline_deit_t')
+    assert vis_attention.pick_block(pvt, '2.1') is pvt.block2[1]
+    assert vis_attention.pick_block(deit, '1.11') is deit.blocks[11]
+    # PVT-T: depths (2, 2, 2, 2); DeiT: one stage of 12
+    for model, spec, match in ((pvt, '0.0', r"has 4 stage\(s\) of \[2, 2, 2, 2\] blocks"),
+                               (pvt, '1.9', 'STAGE from 1, INDEX from 0'),
+                               (deit, '9.0', r'has 1 stage\(s\) of \[12\] blocks'),
+                               (pvt, '1', 'STAGE.INDEX')):
+        with pytest.raises(ConfigError, match=match):
+            vis_attention.pick_block(model, spec)

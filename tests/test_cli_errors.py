@@ -1,4 +1,5 @@
 """User errors in the tools: one clear line, exit status 2, no traceback, nothing written."""
+import glob
 import os
 import subprocess
 import sys
@@ -43,7 +44,12 @@ def toy_root(tmp_path_factory):
 @pytest.mark.parametrize('options,args,fragments', [
     # a missing data folder: names the folder and the layout expected
     ({'train_dataloader.dataset.data_root': 'nowhere/'}, [],
-     ["dataset folder 'nowhere' not found", 'COCO layout', 'nowhere/train/']),
+     ["dataset folder 'nowhere' not found", 'COCO layout', 'nowhere/train/',
+      'Put COCO 2017 (or your own COCO-format set) there']),
+    # a toy set's folder: how to write it
+    ({'train_dataloader.dataset.data_root': 'nowhere/coco_toy/'}, [],
+     ["dataset folder 'nowhere/coco_toy' not found",
+      'For the bundled toy set run: python tools/make_toy_data.py --task det']),
     # a typo in an option
     ({'train_cfg.max_iter': 3}, [],
      ["unknown config option 'train_cfg.max_iter'", "did you mean 'train_cfg.max_iters'"]),
@@ -55,6 +61,8 @@ def toy_root(tmp_path_factory):
     ({'model.backbone.type': 'InLinePVTX'}, [],
      ['InLinePVTX is not in the mmdet::model registry', 'InLinePVT, InLineSwin']),
     ({}, ['--resume', 'no_such.pth'], ["checkpoint to resume from 'no_such.pth' not found"]),
+    # a multi-process launcher without the launch
+    ({}, ['--launcher', 'pytorch'], ['--launcher pytorch needs the environment torchrun']),
 ])
 def test_train_user_errors(tmp_path, toy_root, options, args, fragments):
     data = {f'{split}_dataloader.dataset.data_root': toy_root + '/'
@@ -121,3 +129,24 @@ def test_unexpected_errors_keep_their_traceback(tmp_path):
     bad.write_text('model = dict(\n')
     out = run(tool('train.py'), bad)
     assert out.returncode not in (0, 2) and 'Traceback' in out.stderr
+
+
+def test_a_work_dir_or_out_dir_below_a_file(tmp_path, toy_root):
+    a_file = tmp_path / 'a_file'
+    a_file.write_text('')
+    data = [f'{split}_dataloader.dataset.data_root={toy_root}/'
+            for split in ('train', 'val', 'test')]
+    out = run(tool('train.py'), TOY_DET, '--work-dir', a_file / 'wd', '--cfg-options', *data)
+    one_line_error(out, f"work dir '{a_file / 'wd'}' cannot be made: {a_file} is a file, "
+                   'not a folder')
+    image = sorted(glob.glob(os.path.join(toy_root, 'val', '*.jpg')))[0]
+    out = run(tool('infer.py'), image, '--config', TOY_DET, '--checkpoint', a_file,
+              '--out-dir', a_file / 'o')
+    one_line_error(out, f"--out-dir '{a_file / 'o'}' cannot be made")
+    assert a_file.read_text() == ''
+
+
+def test_checking_a_folder_makes_nothing(tmp_path):
+    from inline_mm.engine.atomic_io import check_can_make_folder
+    check_can_make_folder(str(tmp_path / 'a' / 'b' / 'c'))
+    assert list(tmp_path.iterdir()) == []

@@ -207,6 +207,24 @@ def test_tool_errors_are_one_line(tmp_path):
                 str(tmp_path / 'missing.pth'), '--out', str(tmp_path / 'x.onnx'))
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and 'checkpoint' in out.stderr
+    # a text file, and a detector's checkpoint on the segmentor's config (loaded with
+    # strict=False it would export random heads that pass the parity check)
+    from mmengine.config import Config
+
+    from inline_mm.engine.runner_utils import build_model
+    text, detector = tmp_path / 'notes.pth', tmp_path / 'detector.pth'
+    text.write_text('not a checkpoint')
+    det_cfg = Config.fromfile(osp.join(ROOT, 'configs/det/toy/mask_rcnn_inline_pvt_toy.py'))
+    torch.save({'state_dict': build_model(det_cfg).state_dict()}, detector)
+    for ckpt, fragment in ((text, 'it is a text file, not a PyTorch checkpoint'),
+                           (detector, 'does not fit the model of the config')):
+        out = _tool('export_onnx.py', osp.join(ROOT, 'configs/seg/toy/fpn_inline_pvt_toy.py'),
+                    str(ckpt), '--out', str(tmp_path / 'x.onnx'))
+        assert out.returncode == 2, out.stderr[-2000:]
+        last = out.stderr.strip().splitlines()[-1]  # after the toolkits' import warnings
+        assert 'Traceback' not in out.stderr and last.startswith('error: '), out.stderr[-2000:]
+        assert fragment in last, last
+        assert not (tmp_path / 'x.onnx').exists()
 
 
 @pytest.mark.slow

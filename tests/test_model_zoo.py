@@ -256,8 +256,10 @@ def test_bad_runs_stop_with_one_line_each_and_change_nothing(run_dir, zoo_root, 
         return bad[name]
 
     unfinished = copy('unfinished')  # the config asks for more iterations than were run
-    dump = unfinished / f'{TOY}.py'
-    dump.write_text(dump.read_text().replace(f'max_iters={ITERS}', 'max_iters=10'))
+    ckpt = load_checkpoint_file(str(unfinished / f'iter_{ITERS}.pth'))
+    assert f'max_iters={ITERS}' in ckpt['meta']['cfg']  # the config the run trained with
+    ckpt['meta']['cfg'] = ckpt['meta']['cfg'].replace(f'max_iters={ITERS}', 'max_iters=10')
+    torch.save(ckpt, str(unfinished / f'iter_{ITERS}.pth'))
     no_checkpoint = copy('no_checkpoint')
     for path in no_checkpoint.glob('*.pth'):
         path.unlink()
@@ -292,6 +294,18 @@ def test_bad_runs_stop_with_one_line_each_and_change_nothing(run_dir, zoo_root, 
     assert _snapshot(zoo_root) == before  # the good run is not published either
     assert not out.exists()
     assert not glob.glob(os.path.join(run_dir, 'published'))
+
+
+def test_publish_reads_the_config_the_run_trained_with(run_dir, zoo_root, tmp_path):
+    """A later run in the work dir (tools/test.py's default work dir is the training's)
+    rewrites the config dump: the config comes from the newest checkpoint."""
+    work = tmp_path / 'tested_after'
+    shutil.copytree(run_dir, work)
+    dump = work / f'{TOY}.py'
+    dump.write_text(dump.read_text().replace(f'max_iters={ITERS}', 'max_iters=4000'))
+    proc = _run([PUBLISH, str(work), '--root', zoo_root, '--out-dir', str(tmp_path / 'out')])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(list((tmp_path / 'out').iterdir())) == 1
 
 
 def test_metafile_edit_that_does_not_read_back_is_refused():

@@ -132,7 +132,8 @@ def test_user_errors_of_the_tools_are_one_line(tmp_path, tool, args, expected):
     (DET_CONFIG, {'model.backbone.init_cfg.type': 'Pretrained',
                   'model.backbone.init_cfg.checkpoint': 'x.pth'},
      "model.backbone.init_cfg is None in the config, not a dict, so --cfg-options cannot set "
-     'entries under it; write model.backbone.init_cfg = dict(...) in a config whose _base_'),
+     'entries under it; in a config whose _base_ is this one write model = '
+     'dict(backbone=dict(init_cfg=dict(_delete_=True, ...)))'),
     # plain OptimWrapper takes no dtype: a typo of type as far as the check can tell, and
     # the message says the type does not take it either
     (FULL_DET, {'optim_wrapper.dtype': 'bfloat16'},
@@ -155,6 +156,16 @@ def test_options_that_are_arguments_of_the_type_are_not_typos(config, options, e
     else:
         with pytest.raises(ConfigError, match=re.escape(error)):
             load_config(config, options)
+
+
+def test_the_advice_for_entries_under_a_none_works(tmp_path):
+    """What the error above says to write, written in a derived config, loads."""
+    from inline_mm.engine.launch import load_config
+    derived = tmp_path / 'derived.py'
+    derived.write_text(f'_base_ = [{DET_CONFIG!r}]\nmodel = dict(backbone=dict(init_cfg=dict('
+                       "_delete_=True, type='Pretrained', checkpoint='x.pth')))\n")
+    cfg = load_config(str(derived))
+    assert cfg.model.backbone.init_cfg == dict(type='Pretrained', checkpoint='x.pth')
 
 
 def test_train_refuses_a_missing_pretrained_checkpoint_before_writing(tmp_path, toy_root):

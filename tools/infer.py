@@ -21,9 +21,10 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 from inline_mm.checkpoint import mmengine_checkpoint_globals  # noqa: E402
 from inline_mm.engine.model_fit import check_checkpoint_fits  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
+from inline_mm.engine.atomic_io import check_can_make_folder  # noqa: E402
 from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import draw_predictions, task_of  # noqa: E402
-from inline_mm.errors import MissingFileError  # noqa: E402
+from inline_mm.errors import ConfigError, MissingFileError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -56,6 +57,10 @@ def main(argv=None) -> None:
         raise MissingFileError(f'image file(s) not found: {", ".join(missing)}')
     if not osp.isfile(args.checkpoint):
         raise MissingFileError(f'checkpoint {args.checkpoint!r} not found')
+    try:
+        check_can_make_folder(args.out_dir)
+    except OSError as err:
+        raise ConfigError(f'--out-dir {args.out_dir!r} cannot be made: {err.strerror}') from None
     cfg = load_config(args.config, args.cfg_options)
     if task_of(cfg) == 'mmdet':
         from mmdet.apis import init_detector as init_model

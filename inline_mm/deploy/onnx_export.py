@@ -85,6 +85,13 @@ def build_model(config: str, checkpoint: Optional[str] = None, device: str = 'cp
     task = task_of(cfg)
     if checkpoint is None:
         cfg.model.backbone.init_cfg = None
+    else:
+        # the toolkits' init_model loads with strict=False: a text file would raise a
+        # KeyError, another model's checkpoint would export random heads that then pass
+        # the parity check.  Refused here in one line
+        from inline_mm.engine.model_fit import check_checkpoint_fits
+        from inline_mm.engine.runner_utils import build_model as build_random
+        check_checkpoint_fits(build_random(cfg), checkpoint)
     if task == 'mmdet':
         from mmdet.apis import init_detector as init_model
     else:

@@ -11,7 +11,8 @@ middle leaves a truncated file under the final name.  This module adds:
   through :func:`atomic_write`, registered as the file backend ``'inline_mm_atomic_local'``
   (what :class:`~inline_mm.engine.hooks.AtomicCheckpointHook` saves through);
 * :func:`remove_stale_temp_files`: the temp files of writes that were killed;
-* :func:`check_can_write`: an output file checked before a run that writes it at the end.
+* :func:`check_can_write`: an output file checked before a run that writes it at the end;
+* :func:`check_can_make_folder`: a work dir / output folder checked, nothing made.
 """
 import os
 import os.path as osp
@@ -84,6 +85,26 @@ def check_can_write(path: str, atomic: bool = True) -> None:
         os.remove(tmp)
     except OSError as err:
         raise type(err)(err.errno, err.strerror, path) from err
+
+
+def check_can_make_folder(path: str) -> None:
+    """Make sure the folder ``path`` exists or can be made, without making it.
+
+    A work dir or output folder below a file, or in a folder that is not
+    writable, fails before a run starts (mmengine would raise deep inside the
+    Runner).  Nothing is created: an input error found later leaves no folder.
+
+    Raises:
+        OSError: the nearest existing ancestor is a file or not writable; the error
+            carries ``path`` as its file name.
+    """
+    current = osp.abspath(path)
+    while not osp.exists(current) and osp.dirname(current) != current:
+        current = osp.dirname(current)
+    if not osp.isdir(current):
+        raise NotADirectoryError(20, f'{current} is a file, not a folder', path)
+    if current != osp.abspath(path) and not os.access(current, os.W_OK | os.X_OK):
+        raise PermissionError(13, f'{current} is not writable', path)
 
 
 def atomic_write(data: Union[bytes, str], path: str) -> None:

@@ -32,11 +32,25 @@ from .dataset_cfg import dataset_class, dataset_configs, task_of  # noqa: F401
 
 #: expected layouts, quoted in errors about a missing data folder
 LAYOUTS = {
-    'mmdet': 'COCO layout: {ann} and the image folder {img}. For the bundled toy set run: '
-             'python tools/make_toy_data.py --task det',
-    'mmseg': 'ADE20K layout: images in {img} (*.jpg) and label maps in {seg} (*.png). For '
-             'the bundled toy set run: python tools/make_toy_data.py --task seg',
+    'mmdet': 'COCO layout: {ann} and the image folder {img}',
+    'mmseg': 'ADE20K layout: images in {img} (*.jpg) and label maps in {seg} (*.png)',
 }
+#: what makes the folder: the bundled toy sets (the toy configs read data/*_toy) or the data
+MAKE_DATA = {
+    'mmdet': ('python tools/make_toy_data.py --task det',
+              'COCO 2017 (or your own COCO-format set)'),
+    'mmseg': ('python tools/make_toy_data.py --task seg',
+              'ADE20K (ADEChallengeData2016, or your own set in its layout)'),
+}
+
+
+def _how_to_make(task: str, root: str) -> str:
+    toy, real = MAKE_DATA[task]
+    if osp.basename(osp.normpath(root)).endswith('_toy'):
+        return f'For the bundled toy set run: {toy}'
+    return (f'Put {real} there, or point the config at it with --cfg-options '
+            f'<loader>.dataset.data_root=PATH (the toy configs in configs/*/toy read the '
+            f'synthetic sets of: {toy})')
 
 
 def check_datasets(cfg: Config, loaders: Iterable[str] = ('train_dataloader', 'val_dataloader',
@@ -78,7 +92,8 @@ def check_datasets(cfg: Config, loaders: Iterable[str] = ('train_dataloader', 'v
             seg=join_root(root, prefix.get('seg_map_path', '')) + os.sep)
         if root and not osp.isdir(root):
             raise MissingFileError(f'dataset folder {osp.normpath(root)!r} not found (from '
-                                   f'{os.getcwd()}). Expected the {layout}')
+                                   f'{os.getcwd()}). Expected the {layout}. '
+                                   f'{_how_to_make(task, root)}')
         for folder in prefix.values():
             path = join_root(root, folder)
             if folder and not osp.isdir(path):

@@ -79,6 +79,10 @@ def prepare_distributed(cfg: Config, launcher: str) -> None:
     """
     if launcher == 'none':
         return
+    if launcher == 'pytorch' and not all(k in os.environ for k in ('RANK', 'WORLD_SIZE')):
+        raise ConfigError('--launcher pytorch needs the environment torchrun gives each '
+                          'process (RANK, WORLD_SIZE, ...): start the job with '
+                          'tools/dist_train.sh CONFIG NPROC or torchrun, or drop --launcher')
     if torch.cuda.is_available():
         _prepare_gpu_restart(cfg, launcher)
         return

@@ -258,10 +258,13 @@ def check_cfg_options(cfg: Config, options: dict) -> None:
                 raise ConfigError(f"unknown config option '{key}': {where} is a list of "
                                   f'{len(node)} entries, it has no entry {part!r}')
             if not isinstance(node, dict):  # mmengine merges options into dicts only
+                override = 'dict(_delete_=True, ...)'  # mmengine: replaces a non-dict
+                for name in reversed(parts[1:depth]):
+                    override = f'dict({name}={override})'
                 raise ConfigError(
                     f"config option '{key}': {where} is {node!r} in the config, not a dict, "
-                    f'so --cfg-options cannot set entries under it; write {where} = '
-                    f"dict(...) in a config whose _base_ is this one")
+                    f'so --cfg-options cannot set entries under it; in a config whose _base_ '
+                    f'is this one write {parts[0]} = {override}')
             close = difflib.get_close_matches(part, [str(k) for k in node], n=1, cutoff=0.8)
             if close:
                 # the node's type as it will be: --cfg-options may change it in the same call
@@ -397,8 +400,16 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
     Returns:
         What ``action`` returns.
     """
+    from .atomic_io import check_can_make_folder
     from .data_checks import check_datasets_once
     from .runners import build_runner
+    work_dir = str(cfg.get('work_dir') or '')
+    if work_dir and '://' not in work_dir:  # mmengine would fail deep inside the Runner
+        try:
+            check_can_make_folder(work_dir)
+        except OSError as err:
+            raise ConfigError(f'work dir {work_dir!r} cannot be made: {err.strerror}; pass '
+                              f'another --work-dir') from None
     from .dist import finish_distributed, finish_preempted, lost_peer_message
     from .signals import PREEMPTED_EXIT_CODE
     init_process_group(cfg, launcher)

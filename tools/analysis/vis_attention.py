@@ -21,6 +21,7 @@ linear attention and different rows under InLine.
 import argparse
 import os
 import os.path as osp
+import re
 import sys
 from typing import List, Tuple
 
@@ -31,7 +32,7 @@ import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from inline_mm.engine.launch import add_size_option, cli_main  # noqa: E402
-from inline_mm.errors import ConfigError  # noqa: E402
+from inline_mm.errors import ConfigError, MissingFileError  # noqa: E402
 from inline_mm.models.layers.inline_attention import InLineAttention  # noqa: E402
 
 MEAN = np.array([123.675, 116.28, 103.53])
@@ -197,6 +198,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def pick_block(model: torch.nn.Module, spec: str) -> torch.nn.Module:
+    """The block ``STAGE.INDEX`` (1-based stage, 0-based index; DeiT has one stage)."""
+    match = re.fullmatch(r'(\d+)\.(\d+)', spec)
+    if match is None:
+        raise ConfigError(f'--block is STAGE.INDEX (1-based stage, 0-based block), e.g. 1.0; '
+                          f'got {spec!r}')
+    stage, index = int(match.group(1)), int(match.group(2))
+    stages = {'InLinePVT': lambda: [getattr(model, f'block{i + 1}') for i in range(4)],
+              'InLineSwin': lambda: [layer.blocks for layer in model.layers],
+              'InLineCSWin': lambda: [getattr(model, f'stage{i + 1}') for i in range(4)],
+              'InLineDeiT': lambda: [model.blocks]}[type(model).__name__]()
+    depths = [len(blocks) for blocks in stages]
+    if not 1 <= stage <= len(stages) or index >= depths[stage - 1]:
+        raise ConfigError(f'--block {spec}: {type(model).__name__} has {len(stages)} stage(s) of '
+                          f'{depths} blocks (STAGE from 1, INDEX from 0)')
+    return stages[stage - 1][index]
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
 
@@ -211,12 +230,9 @@ def main(argv=None) -> dict:
         # prints what was loaded / resized / missing (as init_cfg does in training)
         loaded = load_pretrained(model, args.checkpoint,
                                  logger=MMLogger.get_instance('vis_attention', log_level='INFO'))
-    stage, index = (int(v) for v in args.block.split('.'))
-    blocks = {'InLinePVT': lambda: getattr(model, f'block{stage}'),
-              'InLineSwin': lambda: model.layers[stage - 1].blocks,
-              'InLineCSWin': lambda: getattr(model, f'stage{stage}'),
-              'InLineDeiT': lambda: model.blocks}[type(model).__name__]()
-    block = blocks[index]
+    block = pick_block(model, args.block)
+    if not osp.isfile(args.image):
+        raise MissingFileError(f'image {args.image!r} not found')
     img, x = load_image(args.image, args.size)
     q, k, grid, prefix = capture_qk(model, block, x)
     q, k = q[:, prefix:], k[:, prefix:]  # queries and keys on the image grid

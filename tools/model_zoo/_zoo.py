@@ -1,6 +1,7 @@
 """What the model-zoo tools share: read a finished run.
 
-* :func:`read_run`: from what mmengine's Runner wrote into a work dir (the config dump,
+* :func:`read_run`: from what mmengine's Runner wrote into a work dir (the config its newest
+  checkpoint records, else the config dump,
   ``<timestamp>/vis_data/scalars.json`` or the JSON log, the checkpoints, the text log's
   environment block) -> a :class:`Run`: the config, the checkpoint, the final metrics,
   peak training memory, median iteration time, devices and schedule;
@@ -256,7 +257,19 @@ def read_run(work_dir: str, root: str = ROOT, which: str = 'last') -> Run:
             f"work dir {work_dir} is a run of {', '.join(repr(n) for n in names)}, which is "
             f"not a config of this model zoo (configs/det, configs/seg under {root}): "
             f"publish runs of those configs, or add the config and its metafile entry first")
-    cfg = Config.fromfile(osp.join(work_dir, f'{name}.py'))
+    # the config the run trained with, as its newest checkpoint records it: the dump in the
+    # work dir is rewritten by every later run there (tools/test.py's default work dir is
+    # the training's)
+    last_path = _find_checkpoint(work_dir, 'last')
+    last = _load(last_path)
+    recorded = (last.get('meta') or {}).get('cfg')
+    try:
+        cfg = Config.fromstring(recorded, file_format='.py') if isinstance(recorded, str) \
+            else None
+    except Exception:  # a dump mmengine could not write back as Python: the file's
+        cfg = None
+    if cfg is None:
+        cfg = Config.fromfile(osp.join(work_dir, f'{name}.py'))
     config = ours[name]
     task = TASK_DIRS[config.split(os.sep)[1]]
 
@@ -269,8 +282,6 @@ def read_run(work_dir: str, root: str = ROOT, which: str = 'last') -> Run:
         ('Iterations', int(train_cfg['max_iters']))
 
     # the run finished when its newest checkpoint is at the end of the schedule
-    last_path = _find_checkpoint(work_dir, 'last')
-    last = _load(last_path)
     meta = last.get('meta') or {}
     done = int(meta.get('epoch' if by_epoch else 'iter', -1))
     if done != schedule[1]:

@@ -5,7 +5,8 @@
     python tools/model_zoo/publish.py work_dirs/x --weights-url 'https://host/zoo/{filename}'
 
 For each work dir of a finished run of one of configs/det, configs/seg (what mmengine
-wrote there: the config dump, ``<timestamp>/vis_data/scalars.json``, the checkpoints):
+wrote there: the config its newest checkpoint records, ``<timestamp>/vis_data/scalars.json``,
+the checkpoints):
 
 * the published checkpoint, as mmdet's ``tools/model_converters/publish_model.py``
   writes it: ``meta`` and ``state_dict`` only (EMA weights where the run kept them,
