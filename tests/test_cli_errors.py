@@ -87,6 +87,9 @@ def test_resume_from_a_checkpoint_not_of_this_training(tmp_path, toy_root):
     cfg = Config.fromfile(TOY_DET)
     weights = tmp_path / 'weights.pth'
     torch.save({'state_dict': build_model(cfg).state_dict()}, weights)
+    finished = tmp_path / 'finished.pth'  # the toy schedule's last iteration
+    torch.save({'state_dict': build_model(cfg).state_dict(),
+                'meta': {'iter': cfg.train_cfg.max_iters}, 'message_hub': {}}, finished)
     cfg.model.backbone.arch = 'small'
     other = tmp_path / 'other_arch.pth'
     torch.save({'state_dict': build_model(cfg).state_dict(), 'meta': {'iter': 2},
@@ -103,6 +106,10 @@ def test_resume_from_a_checkpoint_not_of_this_training(tmp_path, toy_root):
     out = run(tool('train.py'), TOY_DET, '--work-dir', work, '--resume', other,
               '--cfg-options', *data)
     one_line_error(out, str(other))
+    out = run(tool('train.py'), TOY_DET, '--work-dir', work, '--resume', finished,
+              '--cfg-options', *data)
+    one_line_error(out, 'and the schedule ends at 1500 (train_cfg.max_iters): nothing left to '
+                   'train')
     assert sorted(p.name for p in work.iterdir()) == ['earlier_run.py']
 
 

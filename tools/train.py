@@ -87,6 +87,13 @@ def check_model(cfg: Config, resume: Optional[str]) -> None:
             f"{resume} holds no training state ({', '.join(missing)} missing): --resume "
             'continues a run from a checkpoint its training wrote (iter_<n>.pth / '
             f'epoch_<n>.pth); to train from these weights use --cfg-options load_from={resume}')
+    meta, schedule = checkpoint['meta'], cfg.get('train_cfg') or {}
+    unit = 'epoch' if 'max_epochs' in schedule else 'iter'
+    end = schedule.get(f'max_{unit}s')
+    if isinstance(meta, dict) and end is not None and int(meta.get(unit, -1)) >= int(end):
+        raise ConfigError(f'{resume} is at {unit} {meta[unit]} and the schedule ends at {end} '
+                          f'(train_cfg.max_{unit}s): nothing left to train; raise '
+                          f'train_cfg.max_{unit}s to train on')
     del checkpoint
     check_checkpoint_fits(model, resume, min_found=1.0)
 
