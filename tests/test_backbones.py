@@ -296,8 +296,8 @@ def test_inline_window_options():
     (dict(cls=InLineSwin, attn_type='IIMS'), "'M' needs its block count"),
     # Swin-T's stage 2 has 6 blocks: 'M9' and 'M0' would silently be 'I' and 'S'
     (dict(cls=InLineSwin, attn_type='IIMS9'),
-     "the 'M' stage 2 has 6 blocks, so its InLine block count is 1 to 5, got 9"),
-    (dict(cls=InLineSwin, attn_type='IIMS0'), 'InLine block count is 1 to 5, got 0'),
+     "the 'M' stage 2 has 6 blocks, so its InLine block count is 1 to 6, got 9"),
+    (dict(cls=InLineSwin, attn_type='IIMS0'), 'InLine block count is 1 to 6, got 0'),
     (dict(cls=InLinePVT, attn_type='IISS'), "InLinePVT supports 'I'"),
     (dict(cls=InLineCSWin, split_size=(1, 2, 7)), 'split_size of InLineCSWin has 3 entries'),
     (dict(cls=InLineSwin, inline_window='huge'), "inline_window is 'auto', 'global'"),

@@ -89,11 +89,11 @@ def parse_attn_type(attn_type: Union[str, Sequence[str]], depths: Sequence[int],
             per_block.append([code] * depth)
         else:
             k = int(match.group(2))
-            if not 0 < k < depth:  # a whole stage of one kind is written 'I' or 'S'
+            if not 0 < k <= depth:  # more InLine blocks than the stage has: a typo
                 raise ConfigError(
                     f"attn_type {attn_type!r}: the 'M' stage {stage} has {depth} blocks, so its "
-                    f'InLine block count is 1 to {depth - 1}, got {k} (InLine in the first k '
-                    f"blocks, softmax after); write 'I' or 'S' for a whole stage of one kind")
+                    f'InLine block count is 1 to {depth}, got {k} (InLine in the first k '
+                    f"blocks, softmax after); write 'S' for a whole softmax stage")
             per_block.append(['I' if i < k else 'S' for i in range(depth)])
     return per_block
 
