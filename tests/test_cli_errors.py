@@ -105,7 +105,7 @@ def test_resume_from_a_checkpoint_not_of_this_training(tmp_path, toy_root):
                    f'--cfg-options load_from={weights}')
     out = run(tool('train.py'), TOY_DET, '--work-dir', work, '--resume', other,
               '--cfg-options', *data)
-    one_line_error(out, str(other))
+    one_line_error(out, str(other), 'does not fit the model of the config')
     out = run(tool('train.py'), TOY_DET, '--work-dir', work, '--resume', finished,
               '--cfg-options', *data)
     one_line_error(out, 'and the schedule ends at 1500 (train_cfg.max_iters): nothing left to '

@@ -69,7 +69,6 @@ def _metafile_entry(path):
     return next((m for m in models if m['Config'] == rel), None)
 
 
-@pytest.mark.slow
 def _decayed_norms(model, optim_wrapper_cfg) -> list:
     """The backbone's norm-layer parameters that the config's optimizer decays."""
     from mmengine.optim import build_optim_wrapper
@@ -84,6 +83,7 @@ def _decayed_norms(model, optim_wrapper_cfg) -> list:
             for name, p in module.named_parameters(prefix=prefix) if decay[id(p)] != 0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('path', CONFIGS, ids=_ids(CONFIGS))
 def test_config_builds_and_runs_forward(path):
     cfg = read_config(path)

@@ -6,8 +6,9 @@
     bash tools/dist_train.sh CONFIG 8
 
 The task (detection or segmentation) comes from the config's default_scope.
-Before anything is built or written, the data folders and the dataset classes
-are checked against the config (once, on process 0 of a multi-process job); an
+Before anything is written, the model is built once (a bad arch, attn_type or type
+name), a --resume file is checked against it, and the data folders and the dataset
+classes are checked against the config (once, on process 0 of a multi-process job); an
 error in the input prints one line and every process exits with status 2.
 """
 import argparse
@@ -21,6 +22,7 @@ from mmengine.config import Config  # noqa: E402
 
 from inline_mm.checkpoint import load_checkpoint_file  # noqa: E402
 from inline_mm.engine.amp import configure_amp  # noqa: E402
+from inline_mm.engine.hooks.preemption import PENDING_VALIDATION  # noqa: E402
 from inline_mm.engine.launch import (add_runner_args, cli_main, default_work_dir,  # noqa: E402
                                      load_config, run_with_runner, set_local_rank)
 from inline_mm.engine.model_fit import check_checkpoint_fits  # noqa: E402
@@ -90,7 +92,11 @@ def check_model(cfg: Config, resume: Optional[str]) -> None:
     meta, schedule = checkpoint['meta'], cfg.get('train_cfg') or {}
     unit = 'epoch' if 'max_epochs' in schedule else 'iter'
     end = schedule.get(f'max_{unit}s')
-    if isinstance(meta, dict) and end is not None and int(meta.get(unit, -1)) >= int(end):
+    # a preemption in the final validation leaves it pending: the resumed run runs it
+    pending = ((checkpoint.get('message_hub') or {}).get('runtime_info') or {}).get(
+        PENDING_VALIDATION)
+    if isinstance(meta, dict) and end is not None and int(meta.get(unit, -1)) >= int(end) \
+            and pending is None:
         raise ConfigError(f'{resume} is at {unit} {meta[unit]} and the schedule ends at {end} '
                           f'(train_cfg.max_{unit}s): nothing left to train; raise '
                           f'train_cfg.max_{unit}s to train on')

@@ -21,5 +21,5 @@ model = dict(
         init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),
     neck=dict(in_channels=[64, 128, 256, 512]))
 # the stem's LayerNorm keeps the authors' name (stage1_conv_embed.2), which the base's
-# custom key 'norm' does not match: no decay on any norm layer, by type
-optim_wrapper = dict(paramwise_cfg=dict(norm_decay_mult=0.))
+# custom key 'norm' does not match: no decay on it either (the heads' norms as in the base)
+optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'stage1_conv_embed.2': dict(decay_mult=0.)}))

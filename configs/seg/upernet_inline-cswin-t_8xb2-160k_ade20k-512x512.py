@@ -22,5 +22,5 @@ model = dict(
 # the total batch size the learning rate is set for (tools/train.py --auto-scale-lr)
 auto_scale_lr = dict(enable=False, base_batch_size=16)
 # the stem's LayerNorm keeps the authors' name (stage1_conv_embed.2), which the base's
-# custom key 'norm' does not match: no decay on any norm layer, by type
-optim_wrapper = dict(paramwise_cfg=dict(norm_decay_mult=0.))
+# custom key 'norm' does not match: no decay on it either (the heads' norms as in the base)
+optim_wrapper = dict(paramwise_cfg=dict(custom_keys={'stage1_conv_embed.2': dict(decay_mult=0.)}))

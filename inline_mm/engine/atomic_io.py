@@ -103,7 +103,7 @@ def check_can_make_folder(path: str) -> None:
         current = osp.dirname(current)
     if not osp.isdir(current):
         raise NotADirectoryError(20, f'{current} is a file, not a folder', path)
-    if current != osp.abspath(path) and not os.access(current, os.W_OK | os.X_OK):
+    if not os.access(current, os.W_OK | os.X_OK):
         raise PermissionError(13, f'{current} is not writable', path)
 
 
@@ -141,6 +141,20 @@ def atomic_write(data: Union[bytes, str], path: str) -> None:
             raise OSError(err.errno, err.strerror, path) from err
         raise
     fsync_dir(folder)
+
+
+def replace_with(tmp: str, path: str) -> None:
+    """Put the complete file ``tmp`` in place of ``path`` (fsync, rename, fsync the folder).
+
+    For a writer that cannot go through :func:`atomic_write` (mmengine's
+    FlexibleRunner strategies write with the plain local backend): it writes
+    ``tmp`` (named ``.NAME.XXXX.tmp`` beside ``path``), this publishes it.
+    """
+    with open(tmp, 'rb') as f:
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+    fsync_dir(osp.dirname(osp.abspath(path)))
 
 
 class AtomicLocalBackend(LocalBackend):

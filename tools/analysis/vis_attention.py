@@ -205,9 +205,11 @@ def pick_block(model: torch.nn.Module, spec: str) -> torch.nn.Module:
         raise ConfigError(f'--block is STAGE.INDEX (1-based stage, 0-based block), e.g. 1.0; '
                           f'got {spec!r}')
     stage, index = int(match.group(1)), int(match.group(2))
-    stages = {'InLinePVT': lambda: [getattr(model, f'block{i + 1}') for i in range(4)],
+    num_stages = len(getattr(model, 'depths', ()))
+    stages = {'InLinePVT': lambda: [getattr(model, f'block{i + 1}') for i in range(num_stages)],
               'InLineSwin': lambda: [layer.blocks for layer in model.layers],
-              'InLineCSWin': lambda: [getattr(model, f'stage{i + 1}') for i in range(4)],
+              'InLineCSWin': lambda: [getattr(model, f'stage{i + 1}')
+                                      for i in range(num_stages)],
               'InLineDeiT': lambda: [model.blocks]}[type(model).__name__]()
     depths = [len(blocks) for blocks in stages]
     if not 1 <= stage <= len(stages) or index >= depths[stage - 1]:

@@ -24,7 +24,7 @@ from ..atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
 from ..checkpoint_files import (CheckpointWriteError, hold_best_checkpoints,
                                 newest_readable_checkpoint, recover_held_best, settle_held_best)
 from .rng_state import RNGStateHook
-from .runner_access import check_rank0_saves, scope_load_or_resume
+from .runner_access import check_rank0_saves, save_through_strategy, scope_load_or_resume
 
 #: file name start of the mid-epoch checkpoints written on preemption
 PREEMPT_PREFIX = 'preempt_iter_'
@@ -354,11 +354,14 @@ def _write_checkpoint(hook: CheckpointHook, runner, filename: str, meta: dict,
     error: Optional[Exception] = None
     if is_main_process():
         try:
-            runner.save_checkpoint(
-                hook.out_dir, filename, hook.file_client_args,
-                save_optimizer=hook.save_optimizer,
-                save_param_scheduler=hook.save_param_scheduler, meta=meta,
-                by_epoch=hook.by_epoch, backend_args=backend_args, **hook.args)
+            if isinstance(runner, FlexibleRunner):
+                save_through_strategy(hook, runner, filename, meta, path)
+            else:
+                runner.save_checkpoint(
+                    hook.out_dir, filename, hook.file_client_args,
+                    save_optimizer=hook.save_optimizer,
+                    save_param_scheduler=hook.save_param_scheduler, meta=meta,
+                    by_epoch=hook.by_epoch, backend_args=backend_args, **hook.args)
             atomic_write(path, osp.join(runner.work_dir, 'last_checkpoint'))
         except Exception as err:  # every rank learns of it below
             error = err

@@ -6,15 +6,20 @@
   checkpoint ``--resume`` picks).  mmengine's Runner loads after the
   ``before_run`` hooks, FlexibleRunner before them.
 * :func:`check_rank0_saves`: the hooks write checkpoints on process 0; the
-  FlexibleRunner strategies that save on every process are refused.
+  FlexibleRunner strategies that save on every process are refused;
+* :func:`save_through_strategy`: a FlexibleRunner's save with the hook's epoch /
+  iter kept and the file written atomically.
 """
 import functools
+import os
+import os.path as osp
 from typing import Any, Callable, List
 
 from mmengine.registry import STRATEGIES
 
 from ...checkpoint import mmengine_checkpoint_globals
 from ...errors import ConfigError
+from ..atomic_io import replace_with
 
 
 def scope_load_or_resume(runner) -> List[Callable[[Any], None]]:
@@ -65,3 +70,40 @@ def check_rank0_saves(strategy: type, who: str) -> None:
             f"strategy=dict(type='DDPStrategy') or mmengine's Runner (no runner_type), or "
             f"drop {who} from the config (default_hooks.checkpoint=dict(type='CheckpointHook')"
             f', no PreemptionHook in custom_hooks)')
+
+
+def save_through_strategy(hook, runner, filename: str, meta: dict,
+                          path: str) -> None:
+    """A FlexibleRunner's save with ``meta`` kept and the file written atomically.
+
+    ``FlexibleRunner.save_checkpoint`` replaces the epoch / iter of ``meta``
+    with its own count (right for a periodic save, not for a preemption's
+    mid-epoch or mid-validation checkpoint): ``meta`` is put back when the
+    runner calls the ``before_save_checkpoint`` hooks.  Its strategy writes
+    through the plain local backend, in place: a local checkpoint goes to a
+    temp file beside ``path`` that then replaces it.
+    """
+    local = '://' not in str(hook.out_dir)
+    name = f'.{filename}.{os.getpid()}.tmp' if local else filename
+    call_hook, wrapped_before = runner.call_hook, 'call_hook' in vars(runner)
+
+    def keep_meta(fn_name: str, **kwargs) -> None:
+        if fn_name == 'before_save_checkpoint':
+            kwargs['checkpoint']['meta'].update(meta)
+        call_hook(fn_name, **kwargs)
+
+    runner.call_hook = keep_meta
+    try:
+        runner.save_checkpoint(hook.out_dir, name, hook.file_client_args,
+                               save_optimizer=hook.save_optimizer,
+                               save_param_scheduler=hook.save_param_scheduler,
+                               meta=dict(meta), by_epoch=hook.by_epoch, **hook.args)
+        if local:
+            replace_with(osp.join(hook.out_dir, name), path)
+    finally:
+        if wrapped_before:
+            runner.call_hook = call_hook
+        else:
+            del runner.call_hook  # the class's method again
+        if local and osp.exists(osp.join(hook.out_dir, name)):
+            os.remove(osp.join(hook.out_dir, name))
