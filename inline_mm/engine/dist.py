@@ -23,10 +23,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from mmengine.config import Config
 from mmengine.model import MMDistributedDataParallel
-from mmengine.registry import MODEL_WRAPPERS, RUNNERS, STRATEGIES
-from mmengine.runner import FlexibleRunner
+from mmengine.registry import MODEL_WRAPPERS, STRATEGIES
 
 from ..errors import ConfigError
+from .hooks.runner_access import names_flexible_runner
 from .signals import PREEMPTED_EXIT_CODE
 
 
@@ -106,9 +106,7 @@ def _wrap_cpu_modules_of_flexible_runner(cfg: Config) -> None:
     mmengine's ``DDPStrategy`` (FlexibleRunner's default with a launcher) passes
     ``device_ids``, which DDP refuses for CPU modules.
     """
-    runner_type = cfg.get('runner_type')
-    runner_cls = RUNNERS.get(runner_type) if isinstance(runner_type, str) else runner_type
-    if not (isinstance(runner_cls, type) and issubclass(runner_cls, FlexibleRunner)):
+    if not names_flexible_runner(cfg):
         return
     strategy = cfg.get('strategy') or dict(type='DDPStrategy')
     kind = strategy.get('type') if isinstance(strategy, dict) else None

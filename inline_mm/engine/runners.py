@@ -10,11 +10,11 @@ from typing import Any
 
 from mmengine.config import Config
 from mmengine.registry import HOOKS, RUNNERS, STRATEGIES
-from mmengine.runner import FlexibleRunner, Runner
+from mmengine.runner import Runner
 
 from .hooks.atomic_checkpoint import AtomicCheckpointHook
 from .hooks.preemption import PreemptionHook
-from .hooks.runner_access import check_rank0_saves, scope_load_or_resume
+from .hooks.runner_access import check_rank0_saves, names_flexible_runner, scope_load_or_resume
 
 
 def _check_flexible_runner_strategy(cfg: Config) -> None:
@@ -23,10 +23,8 @@ def _check_flexible_runner_strategy(cfg: Config) -> None:
     The hooks check it themselves in ``before_run`` (any training tool), which a
     FlexibleRunner reaches only after preparing the model for the strategy.
     """
-    strategy, runner_type = cfg.get('strategy'), cfg.get('runner_type')
-    runner_cls = RUNNERS.get(runner_type) if isinstance(runner_type, str) else runner_type
-    if not (isinstance(runner_cls, type) and issubclass(runner_cls, FlexibleRunner)) or \
-            not isinstance(strategy, dict):
+    strategy = cfg.get('strategy')
+    if not names_flexible_runner(cfg) or not isinstance(strategy, dict):
         return
     kind = strategy.get('type')
     strategy_cls = STRATEGIES.get(kind) if isinstance(kind, str) else kind

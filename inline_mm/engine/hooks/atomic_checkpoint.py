@@ -140,9 +140,8 @@ class AtomicCheckpointHook(CheckpointHook):
     def before_run(self, runner) -> None:
         if isinstance(runner, FlexibleRunner):
             check_rank0_saves(type(runner.strategy), type(self).__name__)
-        if isinstance(runner, FlexibleRunner) and \
-                getattr(runner.load_or_resume, 'inline_mm_before', None) is None and \
-                runner.cfg.get('resume', False):
+        if isinstance(runner, FlexibleRunner) and runner.cfg.get('resume', False) and \
+                getattr(runner.load_or_resume, 'inline_mm_before', None) is None:
             # FlexibleRunner loads before the before_run hooks: too late here
             runner.logger.warning(
                 'FlexibleRunner built outside inline-mm\'s tools: --resume took what '
@@ -156,7 +155,7 @@ class AtomicCheckpointHook(CheckpointHook):
         mmengine's ``Runner`` loads right after the ``before_run`` hooks, which
         call this; ``FlexibleRunner`` loads before them, so inline-mm's tools
         call it as soon as the runner is built
-        (:func:`~inline_mm.engine.launch.build_runner`).
+        (:func:`~inline_mm.engine.runners.build_runner`).
         """
         before = scope_load_or_resume(runner)
         if self._pick_resume_checkpoint not in before:

@@ -15,7 +15,8 @@ import os
 import os.path as osp
 from typing import Any, Callable, List
 
-from mmengine.registry import STRATEGIES
+from mmengine.registry import RUNNERS, STRATEGIES
+from mmengine.runner import FlexibleRunner
 
 from ...checkpoint import mmengine_checkpoint_globals
 from ...errors import ConfigError
@@ -50,6 +51,13 @@ def scope_load_or_resume(runner) -> List[Callable[[Any], None]]:
     scoped_load_or_resume.inline_mm_before = before  # type: ignore[attr-defined]
     runner.load_or_resume = scoped_load_or_resume
     return before
+
+
+def names_flexible_runner(cfg) -> bool:
+    """Whether the config's ``runner_type`` is mmengine's FlexibleRunner (or a subclass)."""
+    runner_type = cfg.get('runner_type')
+    runner_cls = RUNNERS.get(runner_type) if isinstance(runner_type, str) else runner_type
+    return isinstance(runner_cls, type) and issubclass(runner_cls, FlexibleRunner)
 
 
 def check_rank0_saves(strategy: type, who: str) -> None:
