@@ -138,7 +138,6 @@ out, data = sys.argv.pop(1), sys.argv.pop(1)
 rank = os.environ.get('RANK', '0')
 real_open = builtins.open
 opened = real_open(os.path.join(out, f'opened_{rank}.txt'), 'w')
-summarised = real_open(os.path.join(out, f'summarised_{rank}.txt'), 'w')
 
 def counting_open(file, *args, **kwargs):
     path = os.path.abspath(str(file))
@@ -148,15 +147,23 @@ def counting_open(file, *args, **kwargs):
     return real_open(file, *args, **kwargs)
 
 builtins.open = counting_open
+
+
+def counted(call, name):
+    """``call`` (of one path), each path it is called with written to name_<rank>.txt."""
+    log = real_open(os.path.join(out, f'{name}_{rank}.txt'), 'w')
+
+    def counting(path):
+        log.write(os.path.abspath(path) + '\\n')
+        log.flush()
+        return call(path)
+    return counting
+
+
 from inline_mm.engine import data_checks
-read = data_checks.read_coco_summary
-
-def counting_read(path):
-    summarised.write(os.path.abspath(path) + '\\n')
-    summarised.flush()
-    return read(path)
-
-data_checks.read_coco_summary = counting_read
+from inline_mm.checkpoint import safe_load
+data_checks.read_coco_summary = counted(data_checks.read_coco_summary, 'summarised')
+safe_load._load_restricted = counted(safe_load._load_restricted, 'loaded')
 sys.argv[0] = os.path.join(REPO, 'tools', 'train.py')
 try:
     runpy.run_path(sys.argv[0], run_name='__main__')
@@ -220,6 +227,28 @@ def test_two_processes_stop_with_process_0s_verdict(tmp_path):
     expected = [os.path.join(ann, 'instances_train.json')]
     assert lines('opened', 0) == expected and lines('summarised', 0) == expected
     assert lines('opened', 1) == [] and lines('summarised', 1) == []
+    assert not work.exists()
+
+
+@pytest.mark.slow
+def test_two_processes_read_a_resume_file_once(toy_root, tmp_path):
+    """--resume of a checkpoint that is not of the config's model, in two processes: process
+    0 alone reads it, once, for both of the checks (training state, fit); both exit 2 with
+    its line; nothing written."""
+    import torch
+    resume = str(tmp_path / 'other.pth')
+    torch.save({'state_dict': {'backbone.stem.weight': torch.zeros(3)},
+                'meta': {'iter': 1}, 'message_hub': {}}, resume)
+    work = tmp_path / 'work'
+    run, lines = run_two_processes(
+        tmp_path, toy_root, [TOY_DET_CONFIG, '--work-dir', str(work), '--resume', resume]
+        + toy_det_options(toy_root))
+    output = run.stdout + run.stderr
+    statuses = [lines('status', rank) for rank in (0, 1)]
+    assert ['2'] in statuses and all(s in (['2'], None) for s in statuses), output[-3000:]
+    errors = re.findall(r'error: checkpoint \S+ does not fit the model of the config', output)
+    assert 2 - statuses.count(None) <= len(errors) <= 2, output[-3000:]
+    assert lines('loaded', 0) == [resume] and lines('loaded', 1) in ([], None)
     assert not work.exists()
 
 

@@ -8,8 +8,8 @@
 The task (detection or segmentation) comes from the config's default_scope.
 Before anything is written, the model is built once (a bad arch, attn_type or type
 name), a --resume file is checked against it, and the data folders and the dataset
-classes are checked against the config (once, on process 0 of a multi-process job); an
-error in the input prints one line and every process exits with status 2.
+classes are checked against the config (each once, on process 0 of a multi-process job);
+an error in the input prints one line and every process exits with status 2.
 """
 import argparse
 import os.path as osp
@@ -100,16 +100,15 @@ def check_model(cfg: Config, resume: Optional[str]) -> None:
         raise ConfigError(f'{resume} is at {unit} {meta[unit]} and the schedule ends at {end} '
                           f'(train_cfg.max_{unit}s): nothing left to train; raise '
                           f'train_cfg.max_{unit}s to train on')
-    del checkpoint
-    check_checkpoint_fits(model, resume, min_found=1.0)
+    check_checkpoint_fits(model, resume, min_found=1.0, checkpoint=checkpoint)
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     cfg = build_config(args)
-    check_model(cfg, args.resume)
     run_with_runner(cfg, args.launcher, ('train_dataloader', 'val_dataloader'),
-                    lambda runner: runner.train(), check_pretrained=True)
+                    lambda runner: runner.train(), check=lambda: check_model(cfg, args.resume),
+                    check_pretrained=True)
 
 
 if __name__ == '__main__':

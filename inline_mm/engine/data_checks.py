@@ -17,18 +17,19 @@ one-line error.
 import logging
 import os
 import os.path as osp
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Dict, Iterable, Optional
 
 from mmengine.config import Config
 from mmengine.logging import print_log
 
-from ..errors import DataError, MissingFileError, UserInputError
+from ..errors import DataError, MissingFileError
 from .class_checks import check_coco_classes, check_seg_labels
 from .coco_summary import CocoSummary, read_coco_summary
 from .dataset_cfg import (check_dataset_type, dataset_leaves, is_coco_dataset, join_root,
                           skips_bad_samples)
 # imported from here by runner_utils and the tools
 from .dataset_cfg import dataset_class, dataset_configs, task_of  # noqa: F401
+from .dist import check_on_process_zero
 
 #: expected layouts, quoted in errors about a missing data folder
 LAYOUTS = {
@@ -151,40 +152,14 @@ def _check_image_files(cfg: Config, loader: str, root: str, prefix: dict, ann_pa
                            f'skip them')
 
 
-class _CheckFailed:
-    """The verdict process 0 sends when its check failed with a bug (not the user's input)."""
-
-
 def check_datasets_once(cfg: Config, loaders: Iterable[str] = ('train_dataloader',
                                                                'val_dataloader',
                                                                'test_dataloader'),
                         check_classes: bool = True) -> None:
     """:func:`check_datasets` on process 0 only; every process ends with its verdict.
 
-    In a multi-process job (the process group must exist) process 0 checks
-    and sends the outcome to the others (``mmengine.dist.broadcast_object_list``):
-    nothing, or the :class:`~inline_mm.errors.UserInputError` it raised, which
-    every process then raises, so all stop with the same one-line error.  In a
-    single process this is :func:`check_datasets`.
+    See :func:`~inline_mm.engine.dist.check_on_process_zero`; in a single
+    process this is :func:`check_datasets`.
     """
-    from mmengine.dist import broadcast_object_list, get_rank, get_world_size, is_distributed
-    if not is_distributed() or get_world_size() == 1:
-        check_datasets(cfg, loaders, check_classes)
-        return
-    verdict: List[Any] = [None]
-    failure: Optional[BaseException] = None
-    if get_rank() == 0:
-        try:
-            check_datasets(cfg, loaders, check_classes)
-        except UserInputError as err:
-            verdict = [err]
-        except Exception as err:  # a bug: the others must not wait for a verdict forever
-            verdict, failure = [_CheckFailed()], err
-    broadcast_object_list(verdict)
-    if failure is not None:
-        raise failure
-    if isinstance(verdict[0], _CheckFailed):
-        raise RuntimeError('the dataset checks failed on process 0 (its traceback is in its '
-                           'output)')
-    if verdict[0] is not None:
-        raise verdict[0]
+    check_on_process_zero(lambda: check_datasets(cfg, loaders, check_classes),
+                          'the dataset checks')

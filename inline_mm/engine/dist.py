@@ -15,8 +15,9 @@ stopped answering into one line that says what to do.
 import logging
 import os
 import sys
+import threading
 from datetime import timedelta
-from typing import Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,7 @@ from mmengine.config import Config
 from mmengine.model import MMDistributedDataParallel
 from mmengine.registry import MODEL_WRAPPERS, STRATEGIES
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UserInputError
 from .hooks.runner_access import names_flexible_runner
 from .signals import PREEMPTED_EXIT_CODE
 
@@ -167,7 +168,49 @@ def lost_peer_message(err: BaseException, work_dir: Optional[str] = None) -> Opt
             f'seconds); start the job again with --resume to continue from {resume}')
 
 
-def finish_distributed(barrier: bool = True, timeout: Optional[float] = None) -> None:
+class _CheckFailed:
+    """The verdict process 0 sends when its check failed with a bug (not the user's input)."""
+
+
+def check_on_process_zero(check: Callable[[], None], what: str) -> None:
+    """Run ``check`` on process 0 only; every process ends with its verdict.
+
+    In a multi-process job (the process group must exist) process 0 runs the
+    check (reads the data, a checkpoint ...) and sends the outcome to the
+    others (``mmengine.dist.broadcast_object_list``): nothing, or the
+    :class:`~inline_mm.errors.UserInputError` it raised, which every process
+    then raises, so all stop with the same one-line error.  In a single
+    process ``check`` just runs.
+
+    Args:
+        check: raises a ``UserInputError`` for bad input.
+        what: names the check in the error of the other processes when it
+            failed with a bug (its traceback is in process 0's output).
+    """
+    from mmengine.dist import broadcast_object_list, get_rank, get_world_size, is_distributed
+    if not is_distributed() or get_world_size() == 1:
+        check()
+        return
+    verdict: List[Any] = [None]
+    failure: Optional[BaseException] = None
+    if get_rank() == 0:
+        try:
+            check()
+        except UserInputError as err:
+            verdict = [err]
+        except Exception as err:  # a bug: the others must not wait for a verdict forever
+            verdict, failure = [_CheckFailed()], err
+    broadcast_object_list(verdict)
+    if failure is not None:
+        raise failure
+    if isinstance(verdict[0], _CheckFailed):
+        raise RuntimeError(f'{what} failed on process 0 (its traceback is in its output)')
+    if verdict[0] is not None:
+        raise verdict[0]
+
+
+def finish_distributed(barrier: bool = True, timeout: Optional[float] = None,
+                       teardown_timeout: float = 60.0, status_if_stuck: int = 0) -> None:
     """Wait for every process (``barrier``), then tear the process group down.
 
     Leaving a gloo group alive until interpreter exit lets its background
@@ -176,11 +219,20 @@ def finish_distributed(barrier: bool = True, timeout: Optional[float] = None) ->
     After an error on one process, pass ``barrier=False``: the others may
     never reach the barrier.
 
+    The teardown itself can hang once the peers are gone (torch 2.1's gloo, seen
+    on a loaded machine after every process had passed the barrier): after
+    ``teardown_timeout`` seconds a warning is printed, the logs are flushed and
+    the process ends at once with ``status_if_stuck``.  The run's work is done
+    by then; only the group's threads are left.
+
     Args:
         barrier: wait for the other processes first.
         timeout: seconds the barrier may take (None: the process group's
             timeout).  When it runs out a ``RuntimeError`` is raised and the
             group is left as it is (a peer is gone; tearing it down could hang).
+        teardown_timeout: seconds the teardown may take.
+        status_if_stuck: the exit status when it takes longer (0 for a run
+            that finished, 1 after an error, 75 for a preempted run).
     """
     if dist.is_available() and dist.is_initialized():
         if barrier:
@@ -188,7 +240,28 @@ def finish_distributed(barrier: bool = True, timeout: Optional[float] = None) ->
                 dist.barrier()
             else:
                 dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout))
-        dist.destroy_process_group()
+        # the group's destructor releases the GIL, so a timer thread can end a stuck one
+        watchdog = threading.Timer(teardown_timeout, _exit_now, args=(
+            status_if_stuck, f'warning: the process group was not torn down within '
+            f'{teardown_timeout:g} s (its peers have gone); exiting with status '
+            f'{status_if_stuck} all the same'))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            dist.destroy_process_group()
+        finally:
+            watchdog.cancel()
+
+
+def _exit_now(status: int, warning: str) -> None:
+    """Print ``warning``, flush the logs and end the process with ``status`` at once.
+
+    Without the interpreter's exit, which would wait for a stuck process group.
+    """
+    print(warning, file=sys.stderr, flush=True)
+    logging.shutdown()  # the log files' handlers
+    sys.stdout.flush()
+    os._exit(status)
 
 
 def finish_preempted(timeout: float = 60.0) -> None:
@@ -197,17 +270,17 @@ def finish_preempted(timeout: float = 60.0) -> None:
     Every process comes to the barrier, as at the end of a finished run.  A peer
     lost since the agreement must not hold this process past the scheduler's
     grace period, nor turn its status 75 into another: after ``timeout`` seconds
-    a warning is printed, the logs are flushed and the process ends with
+    (for the barrier, and again for the teardown) a warning is printed, the logs
+    are flushed and the process ends with
     :data:`~inline_mm.engine.signals.PREEMPTED_EXIT_CODE` at once (its
     interpreter's exit would wait for the peer in the process group's
     destructor, as torch 2.1's gloo does).
     """
     try:
-        finish_distributed(timeout=timeout)
+        finish_distributed(timeout=timeout, teardown_timeout=timeout,
+                           status_if_stuck=PREEMPTED_EXIT_CODE)
     except Exception as err:
-        print(f'warning: not every process reached the end of the preempted run '
-              f'({" ".join(str(err).split())}); exiting with status {PREEMPTED_EXIT_CODE} '
-              f'all the same', file=sys.stderr, flush=True)
-        logging.shutdown()  # the log files' handlers
-        sys.stdout.flush()
-        os._exit(PREEMPTED_EXIT_CODE)
+        _exit_now(PREEMPTED_EXIT_CODE,
+                  f'warning: not every process reached the end of the preempted run '
+                  f'({" ".join(str(err).split())}); exiting with status '
+                  f'{PREEMPTED_EXIT_CODE} all the same')

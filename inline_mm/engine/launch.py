@@ -383,7 +383,8 @@ def init_process_group(cfg: Config, launcher: str) -> None:
 
 def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
                     action: Callable[[Any], T], check_data: bool = True,
-                    check_pretrained: bool = False) -> T:
+                    check_pretrained: bool = False,
+                    check: Optional[Callable[[], None]] = None) -> T:
     """Set up distributed processes, check the data, build the Runner, run ``action``.
 
     Args:
@@ -396,6 +397,9 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
             (on process 0 of a multi-process job, its verdict shared).
         check_pretrained: then refuse an absent backbone ``init_cfg`` checkpoint
             (:func:`~inline_mm.engine.model_fit.check_pretrained_files`; training reads it).
+        check: a tool's own check of the input (e.g. the model and the checkpoint to
+            resume from), run first, on process 0 of a multi-process job, its verdict
+            shared (:func:`~inline_mm.engine.dist.check_on_process_zero`).
 
     Returns:
         What ``action`` returns.
@@ -410,11 +414,14 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         except OSError as err:
             raise ConfigError(f'work dir {work_dir!r} cannot be made: {err.strerror}; pass '
                               f'another --work-dir') from None
-    from .dist import finish_distributed, finish_preempted, lost_peer_message
+    from .dist import (check_on_process_zero, finish_distributed, finish_preempted,
+                       lost_peer_message)
     from .signals import PREEMPTED_EXIT_CODE
     init_process_group(cfg, launcher)
     finished = preempted = False
     try:
+        if check is not None:
+            check_on_process_zero(check, 'the check of the input')
         if check_data:
             check_datasets_once(cfg, loaders)
         if check_pretrained:  # before the Runner writes the work dir and its log
@@ -440,7 +447,7 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         if preempted:
             finish_preempted()
         else:  # after an error on this process the others may never reach a barrier
-            finish_distributed(barrier=finished)
+            finish_distributed(barrier=finished, status_if_stuck=0 if finished else 1)
 
 
 def format_user_error(err: BaseException) -> str:

@@ -7,7 +7,7 @@ stops a run only after its work dir is written.  :func:`check_checkpoint_fits`
 and :func:`check_pretrained_files` refuse both before anything runs.
 """
 import os
-from typing import Any
+from typing import Any, Optional
 
 from torch import nn
 
@@ -41,7 +41,8 @@ def describe_model_state(state_dict: StateDict) -> str:
            f'{look} backbone'
 
 
-def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9) -> None:
+def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9,
+                          checkpoint: Optional[dict] = None) -> None:
     """Refuse, before an evaluation, a checkpoint that is not of the config's model.
 
     mmengine loads a checkpoint into a model with ``strict=False`` and only
@@ -56,6 +57,8 @@ def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9) -
         path: the checkpoint (``{'state_dict': ..., 'meta': ...}`` as mmengine
             writes it, or a plain state dict).
         min_found: the share of the model's tensors the checkpoint must hold.
+        checkpoint: what :func:`load_checkpoint_file` returned for ``path``, when
+            the caller has read it already (``path`` then only names it).
 
     Raises:
         MissingFileError: ``path`` does not exist.
@@ -65,7 +68,8 @@ def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9) -
             of the model's tensors are there, a part the model lacks is there,
             or the backbone has other blocks or stages (another arch).
     """
-    checkpoint = load_checkpoint_file(path)
+    if checkpoint is None:
+        checkpoint = load_checkpoint_file(path)
     model = getattr(model, 'module', model)
     state = extract_state_dict(checkpoint, prefix='')
     own = model.state_dict()
