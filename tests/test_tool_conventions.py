@@ -108,6 +108,14 @@ FULL_DET = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn
      [SEG_CONFIG, '--cfg-options', 'model.backbone.drop_path_rat=0.1'],
      ["did you mean 'model.backbone.drop_path_rate'"]),
     ('analysis/benchmark_train.py', [SEG_CONFIG], ['is a mmseg config: this benchmark']),
+    # a file that is not an image (was the image loader's AssertionError after the model)
+    ('infer.py', ['img.png', 'notes.txt', '--config', DET_CONFIG, '--checkpoint', 'x.pth',
+                  '--out-dir', 'out'],
+     ['1 of the 2 file(s) given are not images mmcv can read: ', 'notes.txt; pass image '
+      'files']),
+    ('deployment/infer_onnx.py', ['notes.txt', '--config', SEG_CONFIG, '--onnx', 'x.onnx',
+                                  '--out-dir', 'out'],
+     ['1 of the 1 file(s) given are not images mmcv can read: ']),
     # a backbone name that is not one (was a KeyError traceback)
     ('analysis/vis_attention.py', ['img.png', '--backbone', 'inline_pvt_x'],
      ["unknown model 'inline_pvt_x': the InLine backbones are inline_pvt_t, inline_pvt_s"]),
@@ -116,7 +124,8 @@ def test_user_errors_of_the_tools_are_one_line(tmp_path, tool, args, expected):
     image = tmp_path / 'img.png'
     cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
     (tmp_path / 'x.pth').write_bytes(b'')
-    args = [str(tmp_path / a) if a in ('img.png', 'x.pth', 'out', 'x.onnx') else a
+    (tmp_path / 'notes.txt').write_text('not an image')
+    args = [str(tmp_path / a) if a in ('img.png', 'x.pth', 'out', 'x.onnx', 'notes.txt') else a
             for a in args]
     _one_error_line(_tool(tool, *args), *expected)
     assert not (tmp_path / 'out').exists() and not (tmp_path / 'x.onnx').exists()

@@ -173,6 +173,8 @@ def test_drawings_of_images_that_share_a_name_get_their_own_files():
     from inline_mm.engine.runner_utils import drawing_names
     assert drawing_names(['a/x.jpg', 'b/x.jpg', 'x.png', 'c/x_2.jpg', 'y.jpg']) == \
         ['x.png', 'x_3.png', 'x_4.png', 'x_2.png', 'y.png']
+    # one file on case-insensitive file systems
+    assert drawing_names(['X.jpg', 'x.jpg', 'X_2.png']) == ['X.png', 'x_3.png', 'X_2.png']
 
 
 def test_cpu_autocast_wrapper_runs_the_forward_in_bf16():

@@ -197,6 +197,21 @@ def test_converter_refuses_a_family_the_keys_contradict(tmp_path, capsys):
     assert 'layers.0.blocks.0.attn.qkv.weight' in torch.load(str(dst))['state_dict']
 
 
+def test_converter_refuses_an_output_it_cannot_write_before_converting(tmp_path, capsys):
+    tool = _converter()
+    src = str(tmp_path / 'swin.pth')
+    torch.save({'model': official_state('swin', 'tiny')}, src)
+    a_file = tmp_path / 'a_file'
+    a_file.write_text('kept')
+    assert cli_main(tool.main, [src, str(a_file / 'out.pth')]) == 2
+    err = capsys.readouterr().err
+    assert err == f'error: {a_file / "out.pth"} cannot be written: {a_file} is a file, not a ' \
+        'folder; name a file in a writable folder\n'
+    assert cli_main(tool.main, [src, str(tmp_path), '--overwrite']) == 2
+    assert capsys.readouterr().err.startswith(f'error: {tmp_path} is a folder: name the output')
+    assert a_file.read_text() == 'kept' and sorted(os.listdir(tmp_path)) == ['a_file', 'swin.pth']
+
+
 # ------------------------------------------------ 3. whole-model checkpoints, unreadable files
 TOY_DET = osp.join(REPO_ROOT, 'configs', 'det', 'toy', 'mask_rcnn_inline_pvt_toy.py')
 TOY_SEG = osp.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py')

@@ -23,7 +23,8 @@ from inline_mm.engine.model_fit import check_checkpoint_fits  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
 from inline_mm.engine.atomic_io import check_can_make_folder  # noqa: E402
 from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
-from inline_mm.engine.runner_utils import draw_predictions, task_of  # noqa: E402
+from inline_mm.engine.runner_utils import (check_image_files, draw_predictions,  # noqa: E402
+                                           task_of)
 from inline_mm.errors import ConfigError, MissingFileError  # noqa: E402
 
 
@@ -52,9 +53,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    missing = [p for p in args.images if not osp.isfile(p)]
-    if missing:
-        raise MissingFileError(f'image file(s) not found: {", ".join(missing)}')
+    check_image_files(args.images)
     if not osp.isfile(args.checkpoint):
         raise MissingFileError(f'checkpoint {args.checkpoint!r} not found')
     try:

@@ -5,7 +5,8 @@ forward needs data samples.  Shared by train / test / infer, the benchmarks,
 the FLOP counter and the exporters: :func:`build_model` (in its toolkit's
 scope, random backbone weights unless asked), :class:`TensorModeForward`
 (backbone, neck and heads on a bare image batch, data samples made for its
-size), :func:`dataset_metainfo` and :func:`draw_predictions`.  The dataset
+size), :func:`dataset_metainfo`, :func:`check_image_files` and
+:func:`draw_predictions`.  The dataset
 checks are in :mod:`inline_mm.engine.data_checks`.
 """
 import importlib
@@ -16,7 +17,7 @@ from typing import Any, Iterable, List, Sequence
 import torch
 from mmengine.config import Config
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError, MissingFileError
 
 # the dataset checks live in data_checks; these names are imported from here too
 from .data_checks import (check_datasets, check_datasets_once, dataset_class,  # noqa: F401
@@ -96,21 +97,45 @@ class TensorModeForward(torch.nn.Module):
         return self.model(inputs, samples, mode='tensor')
 
 
+def check_image_files(paths: Sequence[str]) -> None:
+    """Refuse, before a model is built, image paths that are absent or not images.
+
+    The toolkits' image loaders stop at such a file with a bare ``AssertionError``
+    after the earlier images' drawings are written.  Each file is decoded once
+    (with mmcv, as their loaders do).
+
+    Raises:
+        MissingFileError: files that do not exist.
+        DataError: files mmcv cannot decode (text, a truncated download ...).
+    """
+    import mmcv
+    missing = [p for p in paths if not osp.isfile(p)]
+    if missing:
+        raise MissingFileError(f'image file(s) not found: {", ".join(missing)}')
+    unreadable = [p for p in paths if mmcv.imread(p) is None]
+    if unreadable:
+        raise DataError(f'{len(unreadable)} of the {len(paths)} file(s) given are not images '
+                        f'mmcv can read: {", ".join(unreadable)}; pass image files (JPEG, '
+                        f'PNG, BMP, TIFF ...)')
+
+
 def drawing_names(images: Sequence[str]) -> List[str]:
     """One PNG file name per image, after the image's own name.
 
     Images that share a name (``a/x.jpg`` and ``b/x.jpg``, or ``x.jpg`` and
     ``x.png``) would overwrite each other's drawing: the second becomes
     ``x_2.png`` (the third ``x_3.png`` ...), a suffix no input's own name takes.
+    Names that differ in case only (``X.jpg``, ``x.jpg``) count as the same: they
+    are one file on case-insensitive file systems (macOS, Windows).
     """
     stems = [osp.splitext(osp.basename(path))[0] for path in images]
-    own, taken, names = set(stems), set(), []
+    own, taken, names = {s.casefold() for s in stems}, set(), []
     for stem in stems:
         name, k = stem, 1
-        while name in taken or (k > 1 and name in own):
+        while name.casefold() in taken or (k > 1 and name.casefold() in own):
             k += 1
             name = f'{stem}_{k}'
-        taken.add(name)
+        taken.add(name.casefold())
         names.append(name + '.png')
     return names
 

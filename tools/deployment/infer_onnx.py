@@ -23,6 +23,7 @@ import sys
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 from inline_mm.engine.launch import add_cfg_options, cli_main  # noqa: E402
+from inline_mm.engine.runner_utils import check_image_files  # noqa: E402
 from inline_mm.deploy import (DeployError, build_model, check_onnx_fits,  # noqa: E402
                               onnx_session, require_onnx)
 
@@ -44,9 +45,7 @@ def parse_args(argv=None):
 
 def run(args) -> int:
     require_onnx()
-    missing = [p for p in args.images if not osp.isfile(p)]
-    if missing:
-        raise DeployError(f'image file(s) not found: {", ".join(missing)}')
+    check_image_files(args.images)
     from inline_mm.deploy.segmentor import draw_images, predict_images
     model, cfg, task = build_model(args.config, args.compare_checkpoint,
                                    cfg_options=args.cfg_options)

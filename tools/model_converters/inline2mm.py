@@ -7,22 +7,24 @@ The output holds ``{'state_dict': ..., 'meta': ...}`` with the plugin's keys
 (loadable by ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` and by
 mmengine's ``load_checkpoint``).  The input is read with ``weights_only=True``;
 an existing DST is never overwritten unless ``--overwrite`` is given, and the
-output is written to a temporary file first, then moved into place.  The
+output is written to a temporary file first, then moved into place (a DST that
+cannot be written is refused before the conversion).  The
 family is detected from the keys; a ``--family`` that contradicts them is
 refused before anything is written.
 """
 import argparse
+import io
 import os
 import sys
-import tempfile
 from typing import Optional
 
 import torch
 
 from inline_mm.checkpoint import load_checkpoint_file
 from inline_mm.models.pretrained import extract_state_dict, looks_like
+from inline_mm.engine.atomic_io import atomic_write, check_can_make_folder
 from inline_mm.engine.launch import cli_main
-from inline_mm.errors import CheckpointError, CheckpointMismatchError
+from inline_mm.errors import CheckpointError, CheckpointMismatchError, ConfigError
 from inline_mm.models.converters import CONVERTERS, FAMILY_CLASSES, convert, detect_family
 
 
@@ -60,21 +62,22 @@ def main(argv=None) -> int:
 
     if os.path.exists(args.dst) and not args.overwrite:
         parser.error(f'{args.dst} exists; pass --overwrite to replace it')
+    if os.path.isdir(args.dst):
+        raise ConfigError(f'{args.dst} is a folder: name the output file (e.g. '
+                          f'{os.path.join(args.dst, "backbone.pth")})')
+    try:  # before the conversion, and nothing made
+        check_can_make_folder(os.path.dirname(os.path.abspath(args.dst)))
+    except OSError as err:
+        raise ConfigError(f'{args.dst} cannot be written: {err.strerror}; name a file in a '
+                          f'writable folder') from None
     state_dict = extract_state_dict(load_checkpoint_file(args.src), args.state_dict_key)
     family = check_family(state_dict, args.family, args.src)
     converted = convert(state_dict, family)
-    out_dir = os.path.dirname(os.path.abspath(args.dst))
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_dir, suffix='.tmp')
-    os.close(fd)
-    try:
-        torch.save({'state_dict': converted,
-                    'meta': dict(source=os.path.basename(args.src), family=family,
-                                 converter='inline2mm')}, tmp)
-        os.replace(tmp, args.dst)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    buffer = io.BytesIO()
+    torch.save({'state_dict': converted,
+                'meta': dict(source=os.path.basename(args.src), family=family,
+                             converter='inline2mm')}, buffer)
+    atomic_write(buffer.getvalue(), args.dst)  # an existing DST is whole, old or new
     look = looks_like(converted, family)
     print(f'{family} ({look}): {len(state_dict)} tensors in, {len(converted)} written to '
           f'{args.dst} ({len(state_dict) - len(converted)} dropped: classifier head, '
