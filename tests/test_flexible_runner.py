@@ -109,6 +109,38 @@ def test_a_strategy_that_saves_on_every_process_is_refused_before_the_run(
     assert not os.path.exists(work)  # nothing built or written
 
 
+def test_a_test_run_is_not_refused_for_a_strategy_that_saves_on_every_process(toy_root,
+                                                                             tmp_path):
+    """tools/test.py writes no checkpoints: build_runner(training=False) builds the
+    FlexibleRunner of an FSDP config, and the hooks refuse the strategy when training
+    starts (before_train), not in before_run, which a test run calls too."""
+    from inline_mm.engine.hooks.atomic_checkpoint import AtomicCheckpointHook
+    from inline_mm.engine.hooks.preemption import PreemptionHook
+    from inline_mm.engine.launch import read_config
+    from inline_mm.engine.runners import build_runner
+    from inline_mm.errors import ConfigError
+    cfg = read_config(TOY_DET_CONFIG)
+    cfg.merge_from_dict(dict(work_dir=str(tmp_path / 'work'), runner_type='FlexibleRunner',
+                             strategy=dict(type='FSDPStrategy')))
+    for split in ('train', 'val', 'test'):
+        cfg[f'{split}_dataloader'].dataset.data_root = toy_root + '/'
+    with pytest.raises(ConfigError, match='AtomicCheckpointHook writes checkpoints on process '
+                       '0 only, but the FlexibleRunner strategy FSDPStrategy'):
+        build_runner(cfg)
+    runner = build_runner(cfg, training=False)
+    assert type(runner.strategy).__name__ == 'FSDPStrategy'
+    hooks = [h for h in runner.hooks if isinstance(h, (AtomicCheckpointHook, PreemptionHook))]
+    assert len(hooks) == 2
+    for hook in hooks:
+        hook.before_run(runner)
+        try:
+            with pytest.raises(ConfigError, match=f'{type(hook).__name__} writes checkpoints '
+                               'on process 0 only'):
+                hook.before_train(runner)
+        finally:
+            hook.after_run(runner)  # PreemptionHook's signal handlers
+
+
 def test_only_strategies_that_save_on_process_0_pass_the_check():
     from mmengine.registry import STRATEGIES
 

@@ -124,7 +124,7 @@ def main(argv=None) -> None:
             enable_inference_autocast(runner.model, task)
         return runner.test()
 
-    run_with_runner(cfg, args.launcher, ('test_dataloader',), test)
+    run_with_runner(cfg, args.launcher, ('test_dataloader',), test, training=False)
 
 
 if __name__ == '__main__':

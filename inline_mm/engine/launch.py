@@ -384,7 +384,7 @@ def init_process_group(cfg: Config, launcher: str) -> None:
 def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
                     action: Callable[[Any], T], check_data: bool = True,
                     check_pretrained: bool = False,
-                    check: Optional[Callable[[], None]] = None) -> T:
+                    check: Optional[Callable[[], None]] = None, training: bool = True) -> T:
     """Set up distributed processes, check the data, build the Runner, run ``action``.
 
     Args:
@@ -400,6 +400,8 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         check: a tool's own check of the input (e.g. the model and the checkpoint to
             resume from), run first, on process 0 of a multi-process job, its verdict
             shared (:func:`~inline_mm.engine.dist.check_on_process_zero`).
+        training: ``action`` trains (the Runner's checkpoint hooks will save);
+            False for a test run.
 
     Returns:
         What ``action`` returns.
@@ -426,7 +428,7 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
             check_datasets_once(cfg, loaders)
         if check_pretrained:  # before the Runner writes the work dir and its log
             check_pretrained_files(cfg.get('model'))
-        runner = build_runner(cfg)
+        runner = build_runner(cfg, training)
         result = action(runner)
         finished = True
         return result

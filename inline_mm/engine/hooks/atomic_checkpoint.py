@@ -138,8 +138,6 @@ class AtomicCheckpointHook(CheckpointHook):
     """
 
     def before_run(self, runner) -> None:
-        if isinstance(runner, FlexibleRunner):
-            check_rank0_saves(type(runner.strategy), type(self).__name__)
         if isinstance(runner, FlexibleRunner) and runner.cfg.get('resume', False) and \
                 getattr(runner.load_or_resume, 'inline_mm_before', None) is None:
             # FlexibleRunner loads before the before_run hooks: too late here
@@ -186,6 +184,8 @@ class AtomicCheckpointHook(CheckpointHook):
                 _point_to(runner, choice[0])
 
     def before_train(self, runner) -> None:
+        if isinstance(runner, FlexibleRunner):  # saves come in training only
+            check_rank0_saves(type(runner.strategy), type(self).__name__)
         if self.backend_args is None and self.file_client_args is None:
             out_dir = self.out_dir if self.out_dir is not None else runner.work_dir
             if _is_local(out_dir):

@@ -112,8 +112,6 @@ class PreemptionHook(Hook):
         self._agreed = (iteration, stop)
 
     def before_run(self, runner) -> None:
-        if isinstance(runner, FlexibleRunner):
-            check_rank0_saves(type(runner.strategy), type(self).__name__)
         if not self.flag.install():
             runner.logger.warning('PreemptionHook: not in the main thread, signals are not '
                                   'handled')
@@ -126,6 +124,8 @@ class PreemptionHook(Hook):
 
     def before_train(self, runner) -> None:
         """Run the validation a preemption interrupted before the checkpoint resumed from."""
+        if isinstance(runner, FlexibleRunner):  # saves come in training only
+            check_rank0_saves(type(runner.strategy), type(self).__name__)
         self._training = True
         pending = runner.message_hub.get_info(PENDING_VALIDATION)
         if pending is None:
