@@ -207,8 +207,9 @@ def test_tool_errors_are_one_line(tmp_path):
                 str(tmp_path / 'missing.pth'), '--out', str(tmp_path / 'x.onnx'))
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1 and 'checkpoint' in out.stderr
-    # a text file, and a detector's checkpoint on the segmentor's config (loaded with
-    # strict=False it would export random heads that pass the parity check)
+    # a text file, and a detector's checkpoint on the segmentor's config for the whole
+    # model (loaded with strict=False it would export random heads that pass the parity
+    # check)
     from mmengine.config import Config
 
     from inline_mm.engine.runner_utils import build_model
@@ -216,15 +217,27 @@ def test_tool_errors_are_one_line(tmp_path):
     text.write_text('not a checkpoint')
     det_cfg = Config.fromfile(osp.join(ROOT, 'configs/det/toy/mask_rcnn_inline_pvt_toy.py'))
     torch.save({'state_dict': build_model(det_cfg).state_dict()}, detector)
-    for ckpt, fragment in ((text, 'it is a text file, not a PyTorch checkpoint'),
-                           (detector, 'does not fit the model of the config')):
-        out = _tool('export_onnx.py', osp.join(ROOT, 'configs/seg/toy/fpn_inline_pvt_toy.py'),
-                    str(ckpt), '--out', str(tmp_path / 'x.onnx'))
+    seg_config = osp.join(ROOT, 'configs/seg/toy/fpn_inline_pvt_toy.py')
+    for ckpt, part, fragment in ((text, 'backbone', 'it is a text file, not a PyTorch '
+                                  'checkpoint'),
+                                 (detector, 'model', 'does not fit the model of the config')):
+        out = _tool('export_onnx.py', seg_config, str(ckpt), '--part', part, '--out',
+                    str(tmp_path / 'x.onnx'))
         assert out.returncode == 2, out.stderr[-2000:]
         last = out.stderr.strip().splitlines()[-1]  # after the toolkits' import warnings
         assert 'Traceback' not in out.stderr and last.startswith('error: '), out.stderr[-2000:]
         assert fragment in last, last
         assert not (tmp_path / 'x.onnx').exists()
+    # the backbone alone is the detector's: it exports, with the detector's backbone weights
+    # (mmseg's init_model failed on a checkpoint without meta with a KeyError)
+    out = _tool('export_onnx.py', seg_config, str(detector), '--part', 'backbone', '--size',
+                '64', '--out', str(tmp_path / 'x.onnx'), '--verify')
+    assert out.returncode == 0, out.stderr[-2000:]
+    from inline_mm.deploy.onnx_export import build_model as build_for_export
+    model = build_for_export(seg_config, str(detector), part='backbone')[0]
+    expected = torch.load(str(detector))['state_dict']
+    assert all(torch.equal(v, expected['backbone.' + k])
+               for k, v in model.backbone.state_dict().items())
 
 
 @pytest.mark.slow

@@ -185,7 +185,9 @@ def test_publish_writes_checkpoint_entry_and_row(run_dir, published):
     row = after[readme].decode().split('\n')[changed[0]]
     box, mask = 100 * logged['coco/bbox_mAP'], 100 * logged['coco/segm_mAP']
     link = os.path.relpath(published, os.path.dirname(readme))
-    assert row.endswith(f'| {box:.1f} / {mask:.1f} ([model]({link})) |'), row
+    # the demo's short run is not the config's schedule (the row's schedule column): said so
+    assert row.endswith(f"| {box:.1f} / {mask:.1f} ({ITERS} iterations, not the config's 1500) "
+                        f'([model]({link})) |'), row
 
 
 def test_published_checkpoint_reproduces_the_demo_metrics_in_mmdet_test_tool(
@@ -264,8 +266,11 @@ def test_bad_runs_stop_with_one_line_each_and_change_nothing(run_dir, zoo_root, 
     for path in no_checkpoint.glob('*.pth'):
         path.unlink()
     (no_checkpoint / 'last_checkpoint').unlink()
-    other = copy('not_ours')
+    other = copy('not_ours')  # the config the checkpoint records (its experiment) decides
     (other / f'{TOY}.py').rename(other / 'my_detector.py')
+    ckpt = load_checkpoint_file(str(other / f'iter_{ITERS}.pth'))
+    ckpt['meta']['experiment_name'] = 'my_detector_20261206_000000'
+    torch.save(ckpt, str(other / f'iter_{ITERS}.pth'))
     log = next(copy('no_metrics').glob('*/vis_data/scalars.json'))
     log.write_text(''.join(line for line in log.read_text().splitlines(True)
                            if 'coco/' not in line))
@@ -303,9 +308,12 @@ def test_publish_reads_the_config_the_run_trained_with(run_dir, zoo_root, tmp_pa
     shutil.copytree(run_dir, work)
     dump = work / f'{TOY}.py'
     dump.write_text(dump.read_text().replace(f'max_iters={ITERS}', 'max_iters=4000'))
+    # and a test with another zoo config writes its dump beside: the checkpoint names the run
+    shutil.copy(os.path.join(REPO_ROOT, 'configs', 'seg', 'toy', 'fpn_inline_pvt_toy.py'),
+                work / 'fpn_inline_pvt_toy.py')
     proc = _run([PUBLISH, str(work), '--root', zoo_root, '--out-dir', str(tmp_path / 'out')])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(list((tmp_path / 'out').iterdir())) == 1
+    assert [p.name[:len(TOY) + 1] for p in (tmp_path / 'out').iterdir()] == [TOY + '_']
 
 
 def test_metafile_edit_that_does_not_read_back_is_refused():
@@ -358,6 +366,23 @@ def test_metafile_edit_keeps_every_other_entry_byte_for_byte():
     old_row, new_row = diff[0]
     assert old_row.rsplit('|', 2)[0] == new_row.rsplit('|', 2)[0]
     assert new_row.endswith(f'| {cell} |') and f'[{name}.py]({name}.py)' in new_row
+
+
+def test_readme_cell_says_when_the_run_trained_another_schedule(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(REPO_ROOT, 'tools', 'model_zoo'))  # its imports
+    entry = _module(os.path.join(REPO_ROOT, 'tools', 'model_zoo', '_entry.py'),
+                    'model_zoo_entry')
+    run = zoo.Run(work_dir='w', name='n', config='c', task='mmseg', cfg=None,
+                  checkpoint_path='x.pth', checkpoint={}, iteration=80000,
+                  schedule=('Iterations', 80000), config_schedule=('Iterations', 80000),
+                  metrics={'mIoU': 41.234, 'mAcc': 52.0})
+    assert entry.readme_cell(run, 'x.pth') == '41.23 / 52.00 ([model](x.pth))'
+    run.schedule = ('Iterations', 40000)
+    assert entry.readme_cell(run, 'x.pth') == \
+        "41.23 / 52.00 (40000 iterations, not the config's 80000) ([model](x.pth))"
+    run.schedule, run.config_schedule = ('Epochs', 12), ('Iterations', 80000)
+    assert entry.readme_cell(run, 'x.pth') == \
+        "41.23 / 52.00 (12 epochs, not the config's 80000 iterations) ([model](x.pth))"
 
 
 def test_metrics_of_a_checkpoint_are_those_logged_after_its_iteration():

@@ -163,7 +163,7 @@ def test_test_and_infer_tools_on_a_trained_checkpoint(toy_root, tmp_path):
                                      '--out-dir', str(tmp_path / 'pred'), '--score-thr', '0.0'],
                            capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT)
     assert infer.returncode == 0, infer.stderr[-3000:]
-    assert f'from path: {ckpt}' in infer.stdout + infer.stderr  # mmengine's load_checkpoint
+    assert f'loaded the weights of {ckpt}' in infer.stdout + infer.stderr
     written = sorted(os.listdir(tmp_path / 'pred'))
     assert written == sorted([os.path.basename(p)[:-4] + '.png' for p in images] +
                              [os.path.basename(images[0])[:-4] + '_2.png'])

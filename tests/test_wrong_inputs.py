@@ -289,6 +289,34 @@ def test_heads_of_other_shapes_are_refused(toy_models, tmp_path):
         check_checkpoint_fits(toy_models['det'], str(path))
 
 
+@pytest.mark.parametrize('task', ['det', 'seg'])
+def test_trained_weights_load_for_inference_with_or_without_meta(toy_models, tmp_path, task):
+    """load_trained_model (infer.py, the ONNX tools): the checkpoint's weights, its
+    dataset_meta when saved, else the config's classes and palette (the toolkits fall back
+    to COCO / Cityscapes, and mmseg's init_model failed on a file without meta)."""
+    from inline_mm.engine.launch import read_config
+    from inline_mm.engine.runner_utils import dataset_metainfo, load_trained_model
+    config = TOY_DET if task == 'det' else TOY_SEG
+    cfg = read_config(config)
+    own = dataset_metainfo(cfg)
+    state = {k: torch.randn_like(v) if v.is_floating_point() else v
+             for k, v in toy_models[task].state_dict().items()}
+    saved = dict(classes=('a', 'b', 'c'), palette=[(1, 2, 3)] * 3)
+    for meta, classes in ((None, own['classes']), ({'dataset_meta': saved}, ('a', 'b', 'c'))):
+        path = tmp_path / 'weights.pth'
+        torch.save({'state_dict': state, **({'meta': meta} if meta else {})}, path)
+        model = load_trained_model(read_config(config), str(path))
+        assert tuple(model.dataset_meta['classes']) == tuple(classes)
+        assert 'palette' in model.dataset_meta and not model.training
+        assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    key = next(k for k in state if k.startswith('backbone.') and k.endswith('.weight'))
+    state[key] = torch.zeros(3)
+    torch.save({'state_dict': state}, path)
+    with pytest.raises(CheckpointMismatchError, match='does not fit the model of the config'):
+        load_trained_model(read_config(config), str(path), parts=('backbone',))
+    load_trained_model(read_config(config), str(path), parts=('neck',))
+
+
 def _good_file(tmp_path):
     path = tmp_path / 'good.pth'
     torch.save({'state_dict': {'backbone.w': torch.zeros(1000)}}, path)

@@ -18,13 +18,11 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from inline_mm.checkpoint import mmengine_checkpoint_globals  # noqa: E402
-from inline_mm.engine.model_fit import check_checkpoint_fits  # noqa: E402
 from inline_mm.engine.amp import enable_inference_autocast  # noqa: E402
 from inline_mm.engine.atomic_io import check_can_make_folder  # noqa: E402
 from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import (check_image_files, draw_predictions,  # noqa: E402
-                                           task_of)
+                                           load_trained_model, task_of)
 from inline_mm.errors import ConfigError, MissingFileError  # noqa: E402
 
 
@@ -61,15 +59,9 @@ def main(argv=None) -> None:
     except OSError as err:
         raise ConfigError(f'--out-dir {args.out_dir!r} cannot be made: {err.strerror}') from None
     cfg = load_config(args.config, args.cfg_options)
-    if task_of(cfg) == 'mmdet':
-        from mmdet.apis import init_detector as init_model
-    else:
-        from mmseg.apis import init_model
-    # refuse a checkpoint that is not a checkpoint, or not of this config's model, in one
-    # line (mmengine would load it with a warning and draw meaningless predictions)
-    check_checkpoint_fits(init_model(cfg, None, device='cpu'), args.checkpoint)
-    with mmengine_checkpoint_globals():  # a runner checkpoint's types, for this load only
-        model = init_model(cfg, args.checkpoint, device=args.device)
+    # a checkpoint that is not one, or not of this config's model, is refused in one line
+    # (the toolkits' init_model would load it with a warning and draw meaningless output)
+    model = load_trained_model(cfg, args.checkpoint, args.device)
     if args.amp:
         enable_inference_autocast(model, task_of(cfg))
     written = draw_predictions(model, cfg, args.images, args.out_dir, args.score_thr,

@@ -30,6 +30,9 @@ from .traced_ops import adaptive_avg_pool2d
 #: What ``--part`` can export.
 PARTS = ('backbone', 'backbone_neck', 'model')
 
+#: the model's top-level modules each part holds (None: all of them)
+_PART_KEYS = dict(backbone=('backbone',), backbone_neck=('backbone', 'neck'), model=None)
+
 #: Default ONNX opset (onnxruntime >= 1.14 runs it; torch's legacy exporter writes it).
 OPSET = 17
 
@@ -65,12 +68,15 @@ def require_onnx() -> None:
 
 # ---------------------------------------------------------------- models
 def build_model(config: str, checkpoint: Optional[str] = None, device: str = 'cpu',
-                cfg_options: Optional[dict] = None) -> Tuple[nn.Module, object, str]:
+                cfg_options: Optional[dict] = None,
+                part: str = 'model') -> Tuple[nn.Module, object, str]:
     """Build the detector / segmentor of a config in eval mode.
 
     Without ``checkpoint`` the weights are random and ``model.backbone.init_cfg``
     is dropped (no ImageNet weights are read).  ``cfg_options`` are the tools'
     ``--cfg-options``, checked as :func:`~inline_mm.engine.launch.load_config` does.
+    The checkpoint must fit the ``part`` (one of :data:`PARTS`) that is used: the
+    backbone of another task's model exports as ``'backbone'``.
 
     Returns:
         (model, cfg, task) with ``task`` ``'mmdet'`` or ``'mmseg'``.
@@ -83,22 +89,18 @@ def build_model(config: str, checkpoint: Optional[str] = None, device: str = 'cp
     from inline_mm.engine.runner_utils import task_of
     cfg = load_config(config, cfg_options)
     task = task_of(cfg)
-    if checkpoint is None:
-        cfg.model.backbone.init_cfg = None
-    else:
+    if checkpoint is not None:
         # the toolkits' init_model loads with strict=False: a text file would raise a
         # KeyError, another model's checkpoint would export random heads that then pass
         # the parity check.  Refused here in one line
-        from inline_mm.engine.model_fit import check_checkpoint_fits
-        from inline_mm.engine.runner_utils import build_model as build_random
-        check_checkpoint_fits(build_random(cfg), checkpoint)
+        from inline_mm.engine.runner_utils import load_trained_model
+        return load_trained_model(cfg, checkpoint, device, parts=_PART_KEYS[part]), cfg, task
+    cfg.model.backbone.init_cfg = None
     if task == 'mmdet':
         from mmdet.apis import init_detector as init_model
     else:
         from mmseg.apis import init_model
-    from ..checkpoint import mmengine_checkpoint_globals
-    with mmengine_checkpoint_globals():  # a runner checkpoint's types, this load only
-        model = init_model(cfg, checkpoint, device=device)
+    model = init_model(cfg, None, device=device)
     return model.eval(), cfg, task
 
 

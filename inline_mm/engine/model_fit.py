@@ -7,7 +7,7 @@ stops a run only after its work dir is written.  :func:`check_checkpoint_fits`
 and :func:`check_pretrained_files` refuse both before anything runs.
 """
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from torch import nn
 
@@ -42,7 +42,8 @@ def describe_model_state(state_dict: StateDict) -> str:
 
 
 def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9,
-                          checkpoint: Optional[dict] = None) -> None:
+                          checkpoint: Optional[dict] = None,
+                          parts: Optional[Sequence[str]] = None) -> None:
     """Refuse, before an evaluation, a checkpoint that is not of the config's model.
 
     mmengine loads a checkpoint into a model with ``strict=False`` and only
@@ -59,6 +60,9 @@ def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9,
         min_found: the share of the model's tensors the checkpoint must hold.
         checkpoint: what :func:`load_checkpoint_file` returned for ``path``, when
             the caller has read it already (``path`` then only names it).
+        parts: check only these parts of the model (e.g. ``('backbone',)`` for an
+            export of the backbone alone); the checkpoint's other parts may be
+            of another model.  None: the whole model.
 
     Raises:
         MissingFileError: ``path`` does not exist.
@@ -72,7 +76,11 @@ def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9,
         checkpoint = load_checkpoint_file(path)
     model = getattr(model, 'module', model)
     state = extract_state_dict(checkpoint, prefix='')
-    own = model.state_dict()
+    own = whole_own = model.state_dict()
+    whole_state = state
+    if parts is not None:
+        state, own = ({k: v for k, v in d.items() if k.split('.', 1)[0] in parts}
+                      for d in (state, own))
     conflicts = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
     missing = [k for k in own if k not in state]
     own_parts = {k.split('.', 1)[0] for k in own if '.' in k}
@@ -92,7 +100,7 @@ def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9,
         problems.append(f'{len(conflicts)} tensor(s) with other shapes (e.g. {key}: '
                         f'{tuple(state[key].shape)} in the checkpoint, {tuple(own[key].shape)} '
                         f'in the model)')
-    if not problems and hasattr(model, 'backbone'):
+    if not problems and hasattr(model, 'backbone') and (parts is None or 'backbone' in parts):
         problems = [f'backbone: {p}' for p in structure_problems(
             {k[9:]: v for k, v in state.items() if k.startswith('backbone.')},
             model.backbone.state_dict())]
@@ -103,9 +111,9 @@ def check_checkpoint_fits(model: nn.Module, path: str, min_found: float = 0.9,
         if isinstance(meta.get('experiment_name'), str) else ''
     raise CheckpointMismatchError(
         f'checkpoint {path} does not fit the model of the config: ' + '; '.join(problems)
-        + f'. The checkpoint looks like {describe_model_state(state)}{origin}; the config '
-        f'builds {type(model).__name__}, {describe_model_state(own)}. Pass the checkpoint '
-        f'trained with this config, or the config the checkpoint was trained with')
+        + f'. The checkpoint looks like {describe_model_state(whole_state)}{origin}; the '
+        f'config builds {type(model).__name__}, {describe_model_state(whole_own)}. Pass the '
+        f'checkpoint trained with this config, or the config the checkpoint was trained with')
 
 
 def check_pretrained_files(model_cfg: Any) -> None:

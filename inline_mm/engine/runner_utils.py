@@ -5,14 +5,14 @@ forward needs data samples.  Shared by train / test / infer, the benchmarks,
 the FLOP counter and the exporters: :func:`build_model` (in its toolkit's
 scope, random backbone weights unless asked), :class:`TensorModeForward`
 (backbone, neck and heads on a bare image batch, data samples made for its
-size), :func:`dataset_metainfo`, :func:`check_image_files` and
-:func:`draw_predictions`.  The dataset
+size), :func:`dataset_metainfo`, :func:`load_trained_model`,
+:func:`check_image_files` and :func:`draw_predictions`.  The dataset
 checks are in :mod:`inline_mm.engine.data_checks`.
 """
 import importlib
 import os
 import os.path as osp
-from typing import Any, Iterable, List, Sequence
+from typing import Any, Iterable, List, Optional, Sequence
 
 import torch
 from mmengine.config import Config
@@ -95,6 +95,49 @@ class TensorModeForward(torch.nn.Module):
             batch, height, width = int(batch), int(height), int(width)
         samples = dummy_data_samples(self.task, height, width, batch)
         return self.model(inputs, samples, mode='tensor')
+
+
+def load_trained_model(cfg: Config, checkpoint: str, device: str = 'cpu',
+                       parts: Optional[Sequence[str]] = None) -> Any:
+    """The config's model with a trained checkpoint's weights, for inference.
+
+    What the toolkits' ``init_detector`` / ``init_model`` return (``model.cfg``,
+    SyncBN reverted, eval mode on ``device``), with the checkpoint read once,
+    safely (:func:`~inline_mm.checkpoint.load_checkpoint_file`), and refused in
+    one line when it does not fit the model
+    (:func:`~inline_mm.engine.model_fit.check_checkpoint_fits`; only ``parts``
+    when given).  The toolkits load another model's checkpoint with a warning,
+    mmseg's fails with a ``KeyError`` on a checkpoint without ``meta`` (converted
+    weights), and both fall back to COCO / Cityscapes classes when the meta has no
+    ``dataset_meta``: here the config's dataset classes and palette are taken.
+    """
+    import warnings
+
+    from mmengine.logging import print_log
+    from mmengine.runner import load_state_dict
+
+    from ..checkpoint import load_checkpoint_file
+    from ..models.pretrained import extract_state_dict
+    from .model_fit import check_checkpoint_fits
+    if task_of(cfg) == 'mmdet':
+        from mmdet.apis import init_detector as init_model
+    else:
+        from mmseg.apis import init_model
+    with warnings.catch_warnings():  # 'checkpoint is None, use COCO classes by default'
+        warnings.simplefilter('ignore')
+        model = init_model(cfg, None, device='cpu')
+    loaded = load_checkpoint_file(checkpoint)
+    check_checkpoint_fits(model, checkpoint, checkpoint=loaded, parts=parts)
+    load_state_dict(model, extract_state_dict(loaded, prefix=''), strict=False)
+    print_log(f'loaded the weights of {checkpoint}', logger='current')
+    meta = loaded.get('meta') if isinstance(loaded.get('meta'), dict) else {}
+    saved = meta.get('dataset_meta') if isinstance(meta.get('dataset_meta'), dict) else {}
+    own = dataset_metainfo(cfg)
+    dataset_meta = {k.lower(): v for k, v in saved.items()} or dict(own)
+    if 'palette' not in dataset_meta and 'palette' in own:
+        dataset_meta['palette'] = own['palette']
+    model.dataset_meta = dataset_meta
+    return model.to(device).eval()
 
 
 def check_image_files(paths: Sequence[str]) -> None:

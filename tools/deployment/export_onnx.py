@@ -62,7 +62,8 @@ def parse_args(argv=None):
 def run(args) -> int:
     require_onnx()
     shape = tuple(args.size)
-    model, _, task = build_model(args.config, args.checkpoint, cfg_options=args.cfg_options)
+    model, _, task = build_model(args.config, args.checkpoint, cfg_options=args.cfg_options,
+                                 part=args.part)
     module = wrap_part(model, args.part, task)
     start = time.perf_counter()
     export_onnx(module, shape, args.out, dynamic=args.dynamic, batch=args.batch,

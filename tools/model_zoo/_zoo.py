@@ -40,6 +40,7 @@ class Run:
     checkpoint: dict
     iteration: int  # of the published checkpoint
     schedule: Tuple[str, int]  # ('Epochs', 12) or ('Iterations', 80000)
+    config_schedule: Optional[Tuple[str, int]]  # the zoo config's own (None: it has none)
     metrics: Dict[str, float]  # the validation row of the checkpoint, as logged
     ema: bool = False
     memory_gb: Optional[float] = None
@@ -232,6 +233,15 @@ def _find_checkpoint(work_dir: str, which: str) -> str:
     return path
 
 
+def _schedule(train_cfg: dict) -> Optional[Tuple[str, int]]:
+    """``('Epochs', n)`` or ``('Iterations', n)`` of a ``train_cfg``; None without either."""
+    if 'max_epochs' in train_cfg:
+        return 'Epochs', int(train_cfg['max_epochs'])
+    if 'max_iters' in train_cfg:
+        return 'Iterations', int(train_cfg['max_iters'])
+    return None
+
+
 def read_run(work_dir: str, root: str = ROOT, which: str = 'last') -> Run:
     """Read a finished run of one of the zoo's configs from its work dir.
 
@@ -250,18 +260,20 @@ def read_run(work_dir: str, root: str = ROOT, which: str = 'last') -> Run:
             f'work dir {work_dir} has no config dump (*.py): pass the --work-dir of a run '
             f'of tools/train.py (mmengine writes the config there when the run starts)')
     ours = zoo_configs(root)
-    names = [osp.splitext(d)[0] for d in dumps]
+    # the config the run trained with, as its newest checkpoint records it (its name in the
+    # experiment name '<config>_<yyyymmdd_hhmmss>'): a later run in the work dir writes a
+    # dump of its own config there (tools/test.py's default work dir is the training's)
+    last_path = _find_checkpoint(work_dir, 'last')
+    last = _load(last_path)
+    experiment = str((last.get('meta') or {}).get('experiment_name', ''))
+    names = [experiment[:-16]] if re.fullmatch(r'.+_\d{8}_\d{6}', experiment) else []
+    names += [osp.splitext(d)[0] for d in dumps]
     name = next((n for n in names if n in ours), None)
     if name is None:
         raise ConfigError(
             f"work dir {work_dir} is a run of {', '.join(repr(n) for n in names)}, which is "
             f"not a config of this model zoo (configs/det, configs/seg under {root}): "
             f"publish runs of those configs, or add the config and its metafile entry first")
-    # the config the run trained with, as its newest checkpoint records it: the dump in the
-    # work dir is rewritten by every later run there (tools/test.py's default work dir is
-    # the training's)
-    last_path = _find_checkpoint(work_dir, 'last')
-    last = _load(last_path)
     recorded = (last.get('meta') or {}).get('cfg')
     try:
         cfg = Config.fromstring(recorded, file_format='.py') if isinstance(recorded, str) \
@@ -273,13 +285,12 @@ def read_run(work_dir: str, root: str = ROOT, which: str = 'last') -> Run:
     config = ours[name]
     task = TASK_DIRS[config.split(os.sep)[1]]
 
-    train_cfg = cfg.get('train_cfg') or {}
-    by_epoch = 'max_epochs' in train_cfg
-    if not by_epoch and 'max_iters' not in train_cfg:
+    schedule = _schedule(cfg.get('train_cfg') or {})
+    if schedule is None:
         raise ConfigError(f'the config of {work_dir} has neither train_cfg.max_epochs nor '
                           f'train_cfg.max_iters: not a training run')
-    schedule = ('Epochs', int(train_cfg['max_epochs'])) if by_epoch else \
-        ('Iterations', int(train_cfg['max_iters']))
+    by_epoch = schedule[0] == 'Epochs'
+    own_schedule = _schedule(Config.fromfile(osp.join(root, config)).get('train_cfg') or {})
 
     # the run finished when its newest checkpoint is at the end of the schedule
     meta = last.get('meta') or {}
@@ -323,8 +334,9 @@ def read_run(work_dir: str, root: str = ROOT, which: str = 'last') -> Run:
             (v for k, v in env.items() if re.fullmatch(r'GPU [\d,]+', k)), 'GPU')
     return Run(work_dir=work_dir, name=name, config=config, task=task, cfg=cfg,
                checkpoint_path=path, checkpoint=checkpoint, iteration=iteration,
-               schedule=schedule, metrics={k: float(v) for k, v in metrics.items()
-                                           if isinstance(v, (int, float))},
+               schedule=schedule, config_schedule=own_schedule,
+               metrics={k: float(v) for k, v in metrics.items()
+                        if isinstance(v, (int, float))},
                ema='ema_state_dict' in checkpoint,
                memory_gb=round(max(memory) / 1024, 2) if memory else None,
                iter_time_s=round(statistics.median(times), 3) if times else None,
