@@ -196,6 +196,14 @@ def _tool(name, *args):
                           capture_output=True, text=True, cwd=ROOT)
 
 
+def test_build_model_names_the_parts():
+    from inline_mm.deploy import DeployError
+    with pytest.raises(DeployError, match="part 'head' is not one of backbone, backbone_neck, "
+                                          'model'):
+        build_model(osp.join(ROOT, 'configs/seg/toy/fpn_inline_pvt_toy.py'), 'x.pth',
+                    part='head')
+
+
 @pytest.mark.slow
 def test_tool_errors_are_one_line(tmp_path):
     out = _tool('export_onnx.py', str(tmp_path / 'missing.py'), '--out',

@@ -668,25 +668,50 @@ STUCK_TEARDOWN = textwrap.dedent('''
     dist.init_process_group('gloo', init_method='tcp://127.0.0.1:' + sys.argv[2], rank=0,
                             world_size=1)
     dist.destroy_process_group = lambda: time.sleep(300)
-    if sys.argv[1] == 'finished':
+    if sys.argv[1] in ('finished', 'log_lock_held'):
+        if sys.argv[1] == 'log_lock_held':  # a thread stuck in a log write holds its lock
+            import logging
+            handler = logging.StreamHandler()
+            logging.getLogger('held').addHandler(handler)
+            handler.acquire()
         inline_dist.finish_distributed(teardown_timeout=2)
-    else:
+    elif sys.argv[1] == 'preempted':
         inline_dist.finish_preempted(timeout=2)
+    else:  # a tool's check of the input fails (the teardown, in run_with_runner's finally)
+        from functools import partial
+        from mmengine.config import Config
+        from inline_mm.engine.launch import run_with_runner
+        from inline_mm.errors import ConfigError
+
+        def check():
+            raise ConfigError('the input is bad: fix it')
+        inline_dist.finish_distributed = partial(inline_dist.finish_distributed,
+                                                 teardown_timeout=2)
+        run_with_runner(Config(dict(work_dir=sys.argv[3])), 'none', (), print, check=check,
+                        check_data=False)
     print('not reached')
 ''')
 
 
-@pytest.mark.parametrize('end,status', [('finished', 0), ('preempted', PREEMPTED_EXIT_CODE)])
-def test_a_stuck_teardown_does_not_hold_the_process(end, status):
+@pytest.mark.parametrize('end,status', [('finished', 0), ('preempted', PREEMPTED_EXIT_CODE),
+                                        ('user_error', 2), ('log_lock_held', 0)])
+def test_a_stuck_teardown_does_not_hold_the_process(end, status, tmp_path):
     """A process group whose teardown hangs after the barrier (torch 2.1's gloo on a loaded
     machine, once the peers have exited) holds the process a bounded time, then it exits
-    with its run's status: 0 for a finished run, 75 for a preempted one."""
+    with its run's status: 0 for a finished run, 75 for a preempted one, 2 with the error
+    line for a user error found before the run (which the tool would print after it); a
+    log handler's lock held by a stuck thread does not stop the exit."""
     start = time.monotonic()
-    out = subprocess.run([sys.executable, '-c', STUCK_TEARDOWN, end, str(free_port())],
+    out = subprocess.run([sys.executable, '-c', STUCK_TEARDOWN, end, str(free_port()),
+                          str(tmp_path / 'work')],
                          env=tool_env(), capture_output=True, text=True, timeout=120)
     assert out.returncode == status, out.stderr[-2000:]
-    assert 'warning: the process group was not torn down within 2 s (its peers have gone); ' \
-           f'exiting with status {status} all the same' in out.stderr
+    warning = ('warning: the process group was not torn down within 2 s (its peers have '
+               f'gone); exiting with status {status} all the same')
+    assert warning in out.stderr
+    if end == 'user_error':
+        assert out.stderr.strip().splitlines()[-2:] == ['error: the input is bad: fix it',
+                                                        warning]
     assert 'not reached' not in out.stdout
     assert time.monotonic() - start < 60
 

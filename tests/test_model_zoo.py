@@ -266,8 +266,10 @@ def test_bad_runs_stop_with_one_line_each_and_change_nothing(run_dir, zoo_root, 
     for path in no_checkpoint.glob('*.pth'):
         path.unlink()
     (no_checkpoint / 'last_checkpoint').unlink()
-    other = copy('not_ours')  # the config the checkpoint records (its experiment) decides
-    (other / f'{TOY}.py').rename(other / 'my_detector.py')
+    # the config the checkpoint records (its experiment) decides, not a dump of a zoo config
+    # that a later run (tools/test.py) left in the work dir
+    other = copy('not_ours')
+    shutil.copy(other / f'{TOY}.py', other / 'my_detector.py')
     ckpt = load_checkpoint_file(str(other / f'iter_{ITERS}.pth'))
     ckpt['meta']['experiment_name'] = 'my_detector_20261206_000000'
     torch.save(ckpt, str(other / f'iter_{ITERS}.pth'))

@@ -109,10 +109,10 @@ FULL_DET = os.path.join(REPO_ROOT, 'configs', 'det', 'mask-rcnn_inline-pvt-t_fpn
      ["did you mean 'model.backbone.drop_path_rate'"]),
     ('analysis/benchmark_train.py', [SEG_CONFIG], ['is a mmseg config: this benchmark']),
     # a file that is not an image (was the image loader's AssertionError after the model)
-    ('infer.py', ['img.png', 'notes.txt', '--config', DET_CONFIG, '--checkpoint', 'x.pth',
-                  '--out-dir', 'out'],
-     ['1 of the 2 file(s) given are not images mmcv can read: ', 'notes.txt; pass image '
-      'files']),
+    ('infer.py', ['img.png', 'notes.txt', 'empty.jpg', '--config', DET_CONFIG, '--checkpoint',
+                  'x.pth', '--out-dir', 'out'],
+     ['2 of the 3 file(s) given are not images mmcv can read: ', 'notes.txt, ',
+      'empty.jpg; pass image files']),
     ('deployment/infer_onnx.py', ['notes.txt', '--config', SEG_CONFIG, '--onnx', 'x.onnx',
                                   '--out-dir', 'out'],
      ['1 of the 1 file(s) given are not images mmcv can read: ']),
@@ -125,7 +125,9 @@ def test_user_errors_of_the_tools_are_one_line(tmp_path, tool, args, expected):
     cv2.imwrite(str(image), np.zeros((32, 32, 3), np.uint8))
     (tmp_path / 'x.pth').write_bytes(b'')
     (tmp_path / 'notes.txt').write_text('not an image')
-    args = [str(tmp_path / a) if a in ('img.png', 'x.pth', 'out', 'x.onnx', 'notes.txt') else a
+    (tmp_path / 'empty.jpg').write_bytes(b'')  # a download that never started
+    args = [str(tmp_path / a) if a in ('img.png', 'x.pth', 'out', 'x.onnx', 'notes.txt',
+                                       'empty.jpg') else a
             for a in args]
     _one_error_line(_tool(tool, *args), *expected)
     assert not (tmp_path / 'out').exists() and not (tmp_path / 'x.onnx').exists()

@@ -207,8 +207,10 @@ def test_converter_refuses_an_output_it_cannot_write_before_converting(tmp_path,
     err = capsys.readouterr().err
     assert err == f'error: {a_file / "out.pth"} cannot be written: {a_file} is a file, not a ' \
         'folder; name a file in a writable folder\n'
-    assert cli_main(tool.main, [src, str(tmp_path), '--overwrite']) == 2
-    assert capsys.readouterr().err.startswith(f'error: {tmp_path} is a folder: name the output')
+    for folder in (str(tmp_path), str(tmp_path / 'new') + os.sep):
+        assert cli_main(tool.main, [src, folder]) == 2
+        assert capsys.readouterr().err.startswith(f'error: {folder} is a folder: name the '
+                                                  'output file')
     assert a_file.read_text() == 'kept' and sorted(os.listdir(tmp_path)) == ['a_file', 'swin.pth']
 
 
@@ -315,6 +317,26 @@ def test_trained_weights_load_for_inference_with_or_without_meta(toy_models, tmp
     with pytest.raises(CheckpointMismatchError, match='does not fit the model of the config'):
         load_trained_model(read_config(config), str(path), parts=('backbone',))
     load_trained_model(read_config(config), str(path), parts=('neck',))
+
+
+def test_inference_palette_and_classes_in_the_toolkits_order():
+    """Detectors: the config's palette before the checkpoint's (init_detector); segmentors:
+    the checkpoint's first (init_model); the 2.x CLASSES / PALETTE meta; a fixed palette of
+    the right length where none is known (the toolkits fell back to COCO / Cityscapes)."""
+    from inline_mm.engine.launch import read_config
+    from inline_mm.engine.runner_utils import _inference_dataset_meta, dataset_metainfo
+    det, seg = read_config(TOY_DET), read_config(TOY_SEG)
+    saved = {'dataset_meta': {'classes': ('a', 'b'), 'palette': [(1, 1, 1), (2, 2, 2)]}}
+    meta = _inference_dataset_meta(det, saved)
+    assert meta['classes'] == ('a', 'b') and meta['palette'] == dataset_metainfo(det)['palette']
+    assert _inference_dataset_meta(seg, saved) == saved['dataset_meta']
+    old = _inference_dataset_meta(seg, {'CLASSES': ('x',), 'PALETTE': [(9, 9, 9)]})
+    assert old == {'classes': ('x',), 'palette': [(9, 9, 9)]}
+    seg.test_dataloader.dataset.metainfo = dict(classes=('p', 'q', 'r'))  # no palette
+    seg.test_dataloader.dataset.type = 'BaseSegDataset'
+    meta = _inference_dataset_meta(seg, None)
+    assert meta['classes'] == ('p', 'q', 'r') and len(meta['palette']) == 3
+    assert meta == _inference_dataset_meta(seg, {})  # the same colours each time
 
 
 def _good_file(tmp_path):

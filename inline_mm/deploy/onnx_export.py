@@ -81,6 +81,8 @@ def build_model(config: str, checkpoint: Optional[str] = None, device: str = 'cp
     Returns:
         (model, cfg, task) with ``task`` ``'mmdet'`` or ``'mmseg'``.
     """
+    if part not in PARTS:
+        raise DeployError(f"part {part!r} is not one of {', '.join(PARTS)}")
     if not osp.isfile(config):
         raise DeployError(f'config file {config!r} not found')
     if checkpoint is not None and not osp.isfile(checkpoint):

@@ -198,7 +198,7 @@ def check_on_process_zero(check: Callable[[], None], what: str) -> None:
             check()
         except UserInputError as err:
             verdict = [err]
-        except Exception as err:  # a bug: the others must not wait for a verdict forever
+        except BaseException as err:  # a bug, Ctrl-C: the others must not wait forever
             verdict, failure = [_CheckFailed()], err
     broadcast_object_list(verdict)
     if failure is not None:
@@ -210,7 +210,8 @@ def check_on_process_zero(check: Callable[[], None], what: str) -> None:
 
 
 def finish_distributed(barrier: bool = True, timeout: Optional[float] = None,
-                       teardown_timeout: float = 60.0, status_if_stuck: int = 0) -> None:
+                       teardown_timeout: float = 60.0, status_if_stuck: int = 0,
+                       last_words: str = '') -> None:
     """Wait for every process (``barrier``), then tear the process group down.
 
     Leaving a gloo group alive until interpreter exit lets its background
@@ -222,8 +223,9 @@ def finish_distributed(barrier: bool = True, timeout: Optional[float] = None,
     The teardown itself can hang once the peers are gone (torch 2.1's gloo, seen
     on a loaded machine after every process had passed the barrier): after
     ``teardown_timeout`` seconds a warning is printed, the logs are flushed and
-    the process ends at once with ``status_if_stuck``.  The run's work is done
-    by then; only the group's threads are left.
+    the process ends at once with ``status_if_stuck``, after printing
+    ``last_words`` (the error a caller would have printed after the teardown).
+    The run's work is done by then; only the group's threads are left.
 
     Args:
         barrier: wait for the other processes first.
@@ -232,7 +234,9 @@ def finish_distributed(barrier: bool = True, timeout: Optional[float] = None,
             group is left as it is (a peer is gone; tearing it down could hang).
         teardown_timeout: seconds the teardown may take.
         status_if_stuck: the exit status when it takes longer (0 for a run
-            that finished, 1 after an error, 75 for a preempted run).
+            that finished, 2 after a user error, 1 after another, 75 for a
+            preempted run).
+        last_words: printed to stderr before the warning when it takes longer.
     """
     if dist.is_available() and dist.is_initialized():
         if barrier:
@@ -241,10 +245,11 @@ def finish_distributed(barrier: bool = True, timeout: Optional[float] = None,
             else:
                 dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout))
         # the group's destructor releases the GIL, so a timer thread can end a stuck one
+        warning = (f'warning: the process group was not torn down within '
+                   f'{teardown_timeout:g} s (its peers have gone); exiting with status '
+                   f'{status_if_stuck} all the same')
         watchdog = threading.Timer(teardown_timeout, _exit_now, args=(
-            status_if_stuck, f'warning: the process group was not torn down within '
-            f'{teardown_timeout:g} s (its peers have gone); exiting with status '
-            f'{status_if_stuck} all the same'))
+            status_if_stuck, f'{last_words.rstrip()}\n{warning}' if last_words else warning))
         watchdog.daemon = True
         watchdog.start()
         try:
@@ -257,7 +262,13 @@ def _exit_now(status: int, warning: str) -> None:
     """Print ``warning``, flush the logs and end the process with ``status`` at once.
 
     Without the interpreter's exit, which would wait for a stuck process group.
+    The flush waits for the logging handlers' locks, which a stuck thread may
+    hold (a write to a full pipe or a hung file system): after 5 s the process
+    ends without it.
     """
+    backstop = threading.Timer(5.0, os._exit, args=(status,))
+    backstop.daemon = True
+    backstop.start()
     print(warning, file=sys.stderr, flush=True)
     logging.shutdown()  # the log files' handlers
     sys.stdout.flush()

@@ -27,6 +27,7 @@ import os
 import os.path as osp
 import re
 import sys
+import traceback
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Set, Tuple, TypeVar
 
 from mmengine.config import Config, DictAction
@@ -421,6 +422,9 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
     from .signals import PREEMPTED_EXIT_CODE
     init_process_group(cfg, launcher)
     finished = preempted = False
+    # if the teardown hangs, the process ends with this status, printing these words first
+    # (cli_main, which would print a user error, is not reached then)
+    status, last_words = 1, ''
     try:
         if check is not None:
             check_on_process_zero(check, 'the check of the input')
@@ -430,7 +434,7 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
             check_pretrained_files(cfg.get('model'))
         runner = build_runner(cfg, training)
         result = action(runner)
-        finished = True
+        finished, status = True, 0
         return result
     except SystemExit as stop:
         # PreemptionHook's exit: every process agreed on it at the same step, so all
@@ -438,18 +442,24 @@ def run_with_runner(cfg: Config, launcher: str, loaders: Sequence[str],
         # exit (``terminate called without an active exception``), a status the job
         # scheduler does not requeue
         preempted = stop.code == PREEMPTED_EXIT_CODE
+        status = stop.code if isinstance(stop.code, int) else 1
+        raise
+    except UserInputError as err:
+        status, last_words = USER_ERROR_EXIT, f'error: {format_user_error(err)}'
         raise
     except Exception as err:
         # a peer process or node died or stopped answering: say so in one line
         message = lost_peer_message(err, cfg.get('work_dir'))
         if message:
             print(message, file=sys.stderr, flush=True)
+        last_words = ''.join(traceback.format_exception(type(err), err, err.__traceback__))
         raise
     finally:
         if preempted:
             finish_preempted()
         else:  # after an error on this process the others may never reach a barrier
-            finish_distributed(barrier=finished, status_if_stuck=0 if finished else 1)
+            finish_distributed(barrier=finished, status_if_stuck=status,
+                               last_words=last_words)
 
 
 def format_user_error(err: BaseException) -> str:

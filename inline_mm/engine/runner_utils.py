@@ -130,14 +130,33 @@ def load_trained_model(cfg: Config, checkpoint: str, device: str = 'cpu',
     check_checkpoint_fits(model, checkpoint, checkpoint=loaded, parts=parts)
     load_state_dict(model, extract_state_dict(loaded, prefix=''), strict=False)
     print_log(f'loaded the weights of {checkpoint}', logger='current')
-    meta = loaded.get('meta') if isinstance(loaded.get('meta'), dict) else {}
-    saved = meta.get('dataset_meta') if isinstance(meta.get('dataset_meta'), dict) else {}
-    own = dataset_metainfo(cfg)
-    dataset_meta = {k.lower(): v for k, v in saved.items()} or dict(own)
-    if 'palette' not in dataset_meta and 'palette' in own:
-        dataset_meta['palette'] = own['palette']
-    model.dataset_meta = dataset_meta
+    model.dataset_meta = _inference_dataset_meta(cfg, loaded.get('meta'))
     return model.to(device).eval()
+
+
+def _inference_dataset_meta(cfg: Config, meta: Any) -> dict:
+    """Classes and palette for drawing, in the toolkits' order, without their fallbacks.
+
+    The checkpoint's classes (``dataset_meta``, or the 2.x toolkits' ``CLASSES`` /
+    ``PALETTE``), else the config's dataset's.  The palette: for detectors the
+    config's first (as ``init_detector``), for segmentors the checkpoint's first
+    (as mmseg's ``init_model``); without one, a fixed random palette (mmdet's
+    ``'random'``; for mmseg seeded as its datasets make one).
+    """
+    import numpy as np
+    meta = meta if isinstance(meta, dict) else {}
+    saved = meta.get('dataset_meta') if isinstance(meta.get('dataset_meta'), dict) else \
+        {'classes': meta.get('CLASSES'), 'palette': meta.get('PALETTE')}
+    saved = {k.lower(): v for k, v in saved.items() if v is not None}
+    own = dataset_metainfo(cfg)
+    dataset_meta = dict(saved) if saved.get('classes') else dict(own)
+    if task_of(cfg) == 'mmdet':
+        palette = own.get('palette') or saved.get('palette') or 'random'
+    else:
+        palette = saved.get('palette') or own.get('palette') or np.random.RandomState(
+            42).randint(0, 255, size=(len(dataset_meta.get('classes') or ()), 3)).tolist()
+    dataset_meta['palette'] = palette
+    return dataset_meta
 
 
 def check_image_files(paths: Sequence[str]) -> None:
@@ -149,13 +168,18 @@ def check_image_files(paths: Sequence[str]) -> None:
 
     Raises:
         MissingFileError: files that do not exist.
-        DataError: files mmcv cannot decode (text, a truncated download ...).
+        DataError: files mmcv cannot decode (text, an empty or cut download ...).
     """
     import mmcv
     missing = [p for p in paths if not osp.isfile(p)]
     if missing:
         raise MissingFileError(f'image file(s) not found: {", ".join(missing)}')
-    unreadable = [p for p in paths if mmcv.imread(p) is None]
+    def readable(path: str) -> bool:
+        try:
+            return mmcv.imread(path) is not None
+        except Exception:  # an empty file: OpenCV's assertion on the empty buffer
+            return False
+    unreadable = [p for p in paths if not readable(p)]
     if unreadable:
         raise DataError(f'{len(unreadable)} of the {len(paths)} file(s) given are not images '
                         f'mmcv can read: {", ".join(unreadable)}; pass image files (JPEG, '

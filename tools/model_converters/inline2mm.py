@@ -60,11 +60,11 @@ def main(argv=None) -> int:
     parser.add_argument('--overwrite', action='store_true', help='replace an existing DST')
     args = parser.parse_args(argv)
 
-    if os.path.exists(args.dst) and not args.overwrite:
-        parser.error(f'{args.dst} exists; pass --overwrite to replace it')
-    if os.path.isdir(args.dst):
+    if os.path.isdir(args.dst) or args.dst.endswith(('/', os.sep)):
         raise ConfigError(f'{args.dst} is a folder: name the output file (e.g. '
                           f'{os.path.join(args.dst, "backbone.pth")})')
+    if os.path.exists(args.dst) and not args.overwrite:
+        parser.error(f'{args.dst} exists; pass --overwrite to replace it')
     try:  # before the conversion, and nothing made
         check_can_make_folder(os.path.dirname(os.path.abspath(args.dst)))
     except OSError as err:

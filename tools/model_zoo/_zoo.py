@@ -266,8 +266,8 @@ def read_run(work_dir: str, root: str = ROOT, which: str = 'last') -> Run:
     last_path = _find_checkpoint(work_dir, 'last')
     last = _load(last_path)
     experiment = str((last.get('meta') or {}).get('experiment_name', ''))
-    names = [experiment[:-16]] if re.fullmatch(r'.+_\d{8}_\d{6}', experiment) else []
-    names += [osp.splitext(d)[0] for d in dumps]
+    names = [experiment[:-16]] if re.fullmatch(r'.+_\d{8}_\d{6}', experiment) else \
+        [osp.splitext(d)[0] for d in dumps]  # a checkpoint of mmengine without the name
     name = next((n for n in names if n in ours), None)
     if name is None:
         raise ConfigError(
