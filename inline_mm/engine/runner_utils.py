@@ -101,10 +101,11 @@ def load_trained_model(cfg: Config, checkpoint: str, device: str = 'cpu',
                        parts: Optional[Sequence[str]] = None) -> Any:
     """The config's model with a trained checkpoint's weights, for inference.
 
-    What the toolkits' ``init_detector`` / ``init_model`` return (``model.cfg``,
-    SyncBN reverted, eval mode on ``device``), with the checkpoint read once,
-    safely (:func:`~inline_mm.checkpoint.load_checkpoint_file`), and refused in
-    one line when it does not fit the model
+    What the toolkits' ``init_detector`` / ``init_model`` return (``model.cfg``
+    set, eval mode on ``device``; mmdet's also with SyncBN reverted), with the
+    checkpoint read once, safely
+    (:func:`~inline_mm.checkpoint.load_checkpoint_file`), and refused in one
+    line when it does not fit the model
     (:func:`~inline_mm.engine.model_fit.check_checkpoint_fits`; only ``parts``
     when given).  The toolkits load another model's checkpoint with a warning,
     mmseg's fails with a ``KeyError`` on a checkpoint without ``meta`` (converted
