@@ -510,7 +510,7 @@ def test_a_preempted_validation_runs_when_the_run_resumes(toy_root, tmp_path, wh
     iteration 2 that records the validation as pending; the resumed run validates first,
     with the metrics of an uninterrupted run, and ends with its weights bit for bit (also
     with an EMAHook, which has swapped the averaged weights into the model during the
-    validation)."""
+    validation). The checkpoint is written once."""
     hooks = toy_hooks(EMA) if 'EMAHook' in where else None
     straight = str(tmp_path / 'straight')
     out = train(straight, toy_root, hooks=hooks, **VALIDATED)
@@ -520,7 +520,10 @@ def test_a_preempted_validation_runs_when_the_run_resumes(toy_root, tmp_path, wh
 
     work = str(tmp_path / 'work')
     fault = signal_at(1) if where == 'in the iteration before it' else signal_in_validation(2)
-    out = train(work, toy_root, faults=[fault], hooks=hooks, **VALIDATED)
+    # the checkpoint is written once (a second write fails): a preemption in the iteration
+    # before a validation writes it at the validation's start, with the validation pending
+    out = train(work, toy_root, faults=[fault, failing_writes('ENOSPC', 2)], hooks=hooks,
+                **VALIDATED)
     assert out.returncode == PREEMPTED_EXIT_CODE, out.stderr[-3000:]
     checkpoint = os.path.join(work, 'iter_2.pth')
     assert f'preempted (received SIGTERM) at the validation after iteration 2: checkpoint ' \
@@ -540,6 +543,32 @@ def test_a_preempted_validation_runs_when_the_run_resumes(toy_root, tmp_path, wh
     if hooks is not None:  # the checkpoint's state_dict is the average, this the weights
         assert_same_weights(*final, key='ema_state_dict')
     assert pending_validation(os.path.join(work, 'iter_4.pth')) is None
+
+
+@pytest.mark.slow
+def test_a_validation_due_that_does_not_come_still_gets_its_checkpoint(toy_root, tmp_path):
+    """SIGTERM in iteration 2, after which the interval of 2 would validate; a dynamic
+    interval (100 from the count of 3 on) cancels that validation once the iteration has
+    ended: the checkpoint of iteration 2 is written when the loop ends instead (once, with
+    no validation pending), and the relaunch matches an uninterrupted run."""
+    # mmengine decides the interval after each iteration for the next count: after
+    # iteration 2 (counted 3) it becomes 100, after the hooks of iteration 2 have seen 2
+    extra = dict(VALIDATED, **{'train_cfg.dynamic_intervals': '[(3,100)]'})
+    straight = str(tmp_path / 'straight')
+    out = train(straight, toy_root, **extra)
+    assert out.returncode == 0, out.stderr[-3000:]
+    # the last iteration's validation only
+    assert len(val_rows(scalars(straight))) == 1
+    work = str(tmp_path / 'work')
+    out = train(work, toy_root, faults=[signal_at(1), failing_writes('ENOSPC', 2)], **extra)
+    assert out.returncode == PREEMPTED_EXIT_CODE, out.stderr[-3000:]
+    checkpoint = os.path.join(work, 'iter_2.pth')
+    assert f'preempted (received SIGTERM) after iteration 2: checkpoint {checkpoint} ' \
+           'written' in out.stdout, out.stdout[-3000:]
+    assert pointer(work) == checkpoint and pending_validation(checkpoint) is None
+    out = train(work, toy_root, '--resume', **extra)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert_same_weights(os.path.join(straight, 'iter_4.pth'), os.path.join(work, 'iter_4.pth'))
 
 
 @pytest.mark.parametrize('runner_kind', ['Runner', 'FlexibleRunner'])

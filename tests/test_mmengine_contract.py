@@ -21,7 +21,8 @@ import os
 import pytest
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.optim import OptimWrapper
-from mmengine.runner import EpochBasedTrainLoop, FlexibleRunner, Runner, find_latest_checkpoint
+from mmengine.runner import (EpochBasedTrainLoop, FlexibleRunner, IterBasedTrainLoop, Runner,
+                             find_latest_checkpoint)
 
 from conftest import DATA_DIR
 
@@ -107,6 +108,15 @@ def test_epoch_loop_constructor_is_what_the_resumable_loop_passes_on():
     expected = ours[1:-1]
     assert _params(EpochBasedTrainLoop.__init__)[1:] == expected
     assert _oldest_constructor('EpochBasedTrainLoop') == expected
+
+
+def test_iteration_loop_validation_settings_are_public():
+    """PreemptionHook tells from them whether a validation follows the stopped iteration
+    (a wrong answer costs a checkpoint write, tests/test_fault_tolerance.py)."""
+    for name in ('val_begin', 'val_interval'):
+        assert name in _params(IterBasedTrainLoop.__init__), name
+        assert name in _oldest_constructor('IterBasedTrainLoop'), name
+    assert isinstance(IterBasedTrainLoop.max_iters, property)
 
 
 def test_checkpoint_hook_settings_are_public_attributes():

@@ -289,7 +289,8 @@ class AtomicCheckpointHook(CheckpointHook):
                            for s in remove])
 
 
-def save_checkpoint_now(hook: CheckpointHook, runner, during_validation: bool = False) -> str:
+def save_checkpoint_now(hook: CheckpointHook, runner, during_validation: bool = False,
+                        counted: bool = False) -> str:
     """Save the checkpoint of the training state now through ``hook``.
 
     Works with any ``CheckpointHook`` (its public settings: ``out_dir``,
@@ -307,19 +308,23 @@ def save_checkpoint_now(hook: CheckpointHook, runner, during_validation: bool = 
             checkpoint of the iterations (epochs) the loop has counted before it,
             under the name ``hook`` gives that step; written even where ``hook``
             wrote it already (the message hub it holds has changed since).
+        counted: with ``during_validation=False``, the loop has counted the
+            iteration ending already (``runner.iter`` is its number: a hook after
+            ``after_train_iter``, e.g. ``after_train_epoch``).
     """
     if during_validation:
         step = runner.epoch if hook.by_epoch else runner.iter
         return _save_step(hook, runner, step, dict(epoch=runner.epoch, iter=runner.iter))
+    done = runner.iter if counted else runner.iter + 1
     if hook.by_epoch:
-        name = f'{PREEMPT_PREFIX}{runner.iter + 1}.pth'
+        name = f'{PREEMPT_PREFIX}{done}.pth'
         path = hook.file_backend.join_path(hook.out_dir, name)
         if runner.message_hub.get_info('last_ckpt') != path:
-            _write_checkpoint(hook, runner, name, dict(epoch=runner.epoch, iter=runner.iter + 1),
+            _write_checkpoint(hook, runner, name, dict(epoch=runner.epoch, iter=done),
                               remove=[])
             runner.message_hub.update_info('last_ckpt', path)
         return path
-    step = runner.iter + 1
+    step = done
     path = hook.file_backend.join_path(hook.out_dir, hook.filename_tmpl.format(step))
     if runner.message_hub.get_info('last_ckpt') != path:
         _save_step(hook, runner, step, dict(epoch=runner.epoch, iter=step))

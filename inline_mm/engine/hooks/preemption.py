@@ -32,6 +32,20 @@ def _checkpoint_hook(runner) -> Optional[CheckpointHook]:
     return None
 
 
+def _validation_due(runner) -> bool:
+    """Whether mmengine's ``IterBasedTrainLoop`` validates after the iteration ending.
+
+    Its rule (interval, ``val_begin``, and in later versions the last iteration)
+    with the interval as it stands; a dynamic interval that changes at this
+    iteration can make the answer wrong, which costs a second checkpoint write or
+    a later one, never a wrong checkpoint.
+    """
+    loop = runner.train_loop
+    done = runner.iter + 1  # the loop counts the iteration after its hooks
+    return runner.val_loop is not None and done >= loop.val_begin and (
+        done % loop.val_interval == 0 or done == loop.max_iters)
+
+
 def _batches_of_every_process(loop) -> int:
     """The number of batches every process runs in ``loop`` (a val / test loop).
 
@@ -166,15 +180,19 @@ class PreemptionHook(Hook):
         if not self._stop_agreed(runner):
             return
         hook = _checkpoint_hook(runner)
-        path = save_checkpoint_now(hook, runner) if hook is not None else None
         if isinstance(runner.train_loop, IterBasedTrainLoop):
             # mmengine validates after this iteration or not (its interval, its version's
             # rule for the last iteration): its next step tells, before_val or
             # after_train_epoch.  stop_training (what mmengine's EarlyStoppingHook sets)
-            # ends the loop without fetching another batch
+            # ends the loop without fetching another batch.  Where a validation is due,
+            # the checkpoint is written once, at its start, with the validation pending
+            # (a second write of a large checkpoint could overrun the grace period)
+            due = _validation_due(runner)
+            path = save_checkpoint_now(hook, runner) if hook is not None and not due else None
             self._deferred, self._deferred_path = True, path
             runner.train_loop.stop_training = True
             return
+        path = save_checkpoint_now(hook, runner) if hook is not None else None
         self._exit(runner, f'after iteration {runner.iter + 1}: checkpoint {path} written')
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
@@ -182,7 +200,7 @@ class PreemptionHook(Hook):
             self._exit_deferred(runner)
 
     def after_train_epoch(self, runner) -> None:
-        if self._deferred:  # the stopped iteration was the last
+        if self._deferred:  # the stopped iteration was the last, or no validation came
             self._exit_deferred(runner)
 
     def before_val(self, runner) -> None:
@@ -244,6 +262,9 @@ class PreemptionHook(Hook):
             'another process received a stop signal'
 
     def _exit_deferred(self, runner) -> None:
+        hook = _checkpoint_hook(runner)
+        if self._deferred_path is None and hook is not None:  # a validation was due, none came
+            self._deferred_path = save_checkpoint_now(hook, runner, counted=True)
         self._exit(runner, f'after iteration {runner.iter}: checkpoint {self._deferred_path} '
                    'written')
 
