@@ -376,6 +376,68 @@ def test_inference_autocast_on_the_gpu_is_fp16_in_backbone_and_neck(mmcv_cuda_op
     assert torch.isfinite(result.pred_instances.scores).all()
 
 
+@on_gpu
+def test_nonfinite_hook_leaves_fp16_overflows_to_the_grad_scaler():
+    """AMP: overflows of the scaled fp16 gradients while the GradScaler settles (twelve in a
+    row here) are skipped by the scaler, not counted as non-finite steps (max_consecutive
+    would stop the run); a non-finite loss is counted."""
+    from mmengine.optim import AmpOptimWrapper
+
+    from inline_mm.engine.nonfinite import NonFiniteLossError, NonFiniteLossHook
+    model = nn.Linear(8, 8).cuda()
+    wrapper = AmpOptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
+                              loss_scale='dynamic')
+    hook = NonFiniteLossHook(max_consecutive=3)
+    hook._guard(wrapper)  # what before_train does for the run's wrapper
+    x = torch.ones(4, 8, device='cuda')
+
+    def iteration(factor: float) -> None:
+        with wrapper.optim_context(model):
+            # fp16 output; its gradient, 1e4 x the loss scale, overflows fp16 until the
+            # scale has been halved about 14 times
+            loss = model(x).float().sum() * factor
+        wrapper.update_params(loss)
+
+    for _ in range(12):
+        iteration(1e4)
+    assert wrapper.loss_scaler.get_scale() == 2.0 ** 4  # twelve skips, each halving it
+    assert hook.total == 0
+    with pytest.raises(NonFiniteLossError):
+        for _ in range(3):
+            iteration(float('nan'))
+
+
+@on_gpu
+def test_rng_states_of_the_training_device_restore_where_fewer_gpus_are_visible():
+    """RNGStateHook saves the CUDA state of the process's own device: it restores the same
+    draws; a checkpoint of an earlier version with one state per visible GPU (8 here)
+    restores on a job that sees one GPU (set_rng_state_all raised IndexError there)."""
+    from inline_mm.engine.hooks.rng_state import _capture_rng, _restore_rng
+    torch.cuda.init()
+    state = _capture_rng()
+    assert 'cuda' not in state and state['cuda_device'].dtype == torch.uint8
+    first = torch.rand(4, device='cuda')
+    _restore_rng(state)
+    assert torch.equal(torch.rand(4, device='cuda'), first)
+    older = dict(state, cuda=[state.pop('cuda_device')] * 8)
+    _restore_rng(older)
+    assert torch.equal(torch.rand(4, device='cuda'), first)
+
+
+@on_gpu
+def test_cpu_autocast_wrapper_autocasts_a_gpu_model_on_its_device():
+    """CPUAutocastOptimWrapper(only_with_bf16_units=False) on a GPU model: the forward runs
+    under CUDA autocast (a CPU autocast left it in fp32)."""
+    need_dtype('bf16')
+    from inline_mm.engine.amp import CPUAutocastOptimWrapper
+    model = nn.Linear(8, 8).cuda()
+    wrapper = CPUAutocastOptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                      only_with_bf16_units=False)
+    with wrapper.optim_context(model):
+        out = model(torch.ones(2, 8, device='cuda'))
+    assert out.dtype == torch.bfloat16
+
+
 # ------------------------------------------------------------------- NCCL
 @on_gpu
 def test_two_process_nccl_ddp_step(tmp_path):

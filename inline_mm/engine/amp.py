@@ -255,7 +255,9 @@ def remove_autocast_parts(model: nn.Module) -> None:
 
 @OPTIM_WRAPPERS.register_module()
 class CPUAutocastOptimWrapper(OptimWrapper):
-    """``OptimWrapper`` whose training forward passes run under ``torch.autocast('cpu')``.
+    """``OptimWrapper`` whose training forward passes run under ``torch.autocast``.
+
+    Made for the CPU (bf16 there); a model on another device is autocast on it.
 
     Parameters, gradients and the optimiser state stay in fp32; only the
     autocast-eligible operations (matmuls, convolutions) run in ``dtype``.
@@ -315,7 +317,11 @@ class CPUAutocastOptimWrapper(OptimWrapper):
             with super().optim_context(model):
                 yield
         elif self.parts is None:
-            with super().optim_context(model), torch.autocast('cpu', dtype=self.cast_dtype):
+            # the model's device: a GPU model under only_with_bf16_units=False is autocast
+            # there (a CPU autocast would leave its CUDA ops in fp32)
+            device_type = _device_type(_unwrap(model), ())
+            with super().optim_context(model), torch.autocast(device_type,
+                                                              dtype=self.cast_dtype):
                 yield
         else:
             with super().optim_context(model), self._part_hooks(model).enable():

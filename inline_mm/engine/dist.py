@@ -243,7 +243,18 @@ def finish_distributed(barrier: bool = True, timeout: Optional[float] = None,
             if timeout is None:
                 dist.barrier()
             else:
-                dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout))
+                # NCCL honours wait(timeout) only with TORCH_NCCL_BLOCKING_WAIT=1 (before
+                # that it blocks in a device sync): a timer bounds the barrier too
+                guard = threading.Timer(timeout + 5.0, _exit_now, args=(
+                    status_if_stuck, f'{last_words.rstrip()}\n' * bool(last_words) +
+                    f'warning: not every process reached the barrier within {timeout:g} s '
+                    f'(a peer is gone); exiting with status {status_if_stuck} all the same'))
+                guard.daemon = True
+                guard.start()
+                try:
+                    dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout))
+                finally:
+                    guard.cancel()
         # the group's destructor releases the GIL, so a timer thread can end a stuck one
         warning = (f'warning: the process group was not torn down within '
                    f'{teardown_timeout:g} s (its peers have gone); exiting with status '

@@ -61,8 +61,10 @@ class NonFiniteLossHook(Hook):
     combined, so every process takes the same decision.
 
     With mmengine's ``AmpOptimWrapper`` the ``GradScaler`` already skips steps
-    with inf / NaN gradients (and lowers the loss scale); the hook then only
-    counts those skips and applies ``max_consecutive``.
+    with inf / NaN gradients and lowers the loss scale: fp16 gradients that
+    overflow are its normal working (several in a row while the scale settles),
+    so the hook counts only non-finite losses there, whose steps the scaler
+    skips too, and applies ``max_consecutive`` to those.
 
     The decision costs one device-to-host read per optimizer step, shared with
     :class:`~inline_mm.engine.hooks.PreemptionHook` when the run has one.
@@ -110,7 +112,9 @@ class NonFiniteLossHook(Hook):
             loss_bad, state['loss_bad'] = state['loss_bad'], None
             device = grads[0].device if grads else \
                 (loss_bad.device if loss_bad is not None else torch.device('cpu'))
-            bad = nonfinite_flag(grads, device)
+            # AMP: an overflow of the scaled fp16 gradients is the scaler's to skip
+            bad = torch.zeros((), dtype=torch.bool, device=device) if amp else \
+                nonfinite_flag(grads, device)
             if loss_bad is not None:
                 bad = bad | loss_bad.to(device)
             preempt = any(h.flag.received is not None for h in self._preemption)
@@ -119,7 +123,7 @@ class NonFiniteLossHook(Hook):
             bad, preempt_agreed = agree_on_flags(flags)
             for hook in self._preemption:
                 hook.agreed_at(self._runner.iter if self._runner else -1, preempt_agreed)
-            if amp:  # GradScaler skips inf / NaN steps itself: only count them
+            if amp:  # GradScaler skips the steps of a non-finite loss itself: only count
                 self._count(bad)
                 return step(**kwargs)
             if self._count(bad):

@@ -29,7 +29,9 @@ def _capture_rng() -> Dict[str, Any]:
         numpy_pos=int(np_state[2]), numpy_has_gauss=int(np_state[3]),
         numpy_gauss=float(np_state[4]))
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state['cuda'] = torch.cuda.get_rng_state_all()
+        # the device this process trains on; all visible devices' states would not load
+        # where a resumed job sees fewer of them (one GPU per task)
+        state['cuda_device'] = torch.cuda.get_rng_state()
     return state
 
 
@@ -39,8 +41,14 @@ def _restore_rng(state: Dict[str, Any]) -> None:
                      state['python_gauss'] or None))
     np.random.set_state(('MT19937', state['numpy_keys'].numpy().astype(np.uint32),
                          state['numpy_pos'], state['numpy_has_gauss'], state['numpy_gauss']))
-    if 'cuda' in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state['cuda'])
+    if not torch.cuda.is_available():
+        return
+    if 'cuda_device' in state:
+        torch.cuda.set_rng_state(state['cuda_device'])
+    elif 'cuda' in state:  # checkpoints of earlier versions: every visible device's state
+        device = torch.cuda.current_device()
+        if device < len(state['cuda']):
+            torch.cuda.set_rng_state(state['cuda'][device])
 
 
 class _RestoreBeforeFetch:
