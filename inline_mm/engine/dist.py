@@ -16,8 +16,9 @@ import logging
 import os
 import sys
 import threading
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -245,28 +246,32 @@ def finish_distributed(barrier: bool = True, timeout: Optional[float] = None,
             else:
                 # NCCL honours wait(timeout) only with TORCH_NCCL_BLOCKING_WAIT=1 (before
                 # that it blocks in a device sync): a timer bounds the barrier too
-                guard = threading.Timer(timeout + 5.0, _exit_now, args=(
-                    status_if_stuck, f'{last_words.rstrip()}\n' * bool(last_words) +
-                    f'warning: not every process reached the barrier within {timeout:g} s '
-                    f'(a peer is gone); exiting with status {status_if_stuck} all the same'))
-                guard.daemon = True
-                guard.start()
-                try:
+                with _exit_unless_done_within(
+                        timeout + 5.0, status_if_stuck, last_words,
+                        f'not every process reached the barrier within {timeout:g} s (a '
+                        f'peer is gone)'):
                     dist.barrier(async_op=True).wait(timeout=timedelta(seconds=timeout))
-                finally:
-                    guard.cancel()
         # the group's destructor releases the GIL, so a timer thread can end a stuck one
-        warning = (f'warning: the process group was not torn down within '
-                   f'{teardown_timeout:g} s (its peers have gone); exiting with status '
-                   f'{status_if_stuck} all the same')
-        watchdog = threading.Timer(teardown_timeout, _exit_now, args=(
-            status_if_stuck, f'{last_words.rstrip()}\n{warning}' if last_words else warning))
-        watchdog.daemon = True
-        watchdog.start()
-        try:
+        with _exit_unless_done_within(
+                teardown_timeout, status_if_stuck, last_words,
+                f'the process group was not torn down within {teardown_timeout:g} s (its '
+                f'peers have gone)'):
             dist.destroy_process_group()
-        finally:
-            watchdog.cancel()
+
+
+@contextmanager
+def _exit_unless_done_within(seconds: float, status: int, last_words: str,
+                             what: str) -> Iterator[None]:
+    """Run the body; if it takes more than ``seconds``, :func:`_exit_now` from a timer."""
+    warning = f'warning: {what}; exiting with status {status} all the same'
+    timer = threading.Timer(seconds, _exit_now, args=(
+        status, f'{last_words.rstrip()}\n{warning}' if last_words else warning))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def _exit_now(status: int, warning: str) -> None:

@@ -324,10 +324,9 @@ def save_checkpoint_now(hook: CheckpointHook, runner, during_validation: bool = 
                               remove=[])
             runner.message_hub.update_info('last_ckpt', path)
         return path
-    step = done
-    path = hook.file_backend.join_path(hook.out_dir, hook.filename_tmpl.format(step))
+    path = hook.file_backend.join_path(hook.out_dir, hook.filename_tmpl.format(done))
     if runner.message_hub.get_info('last_ckpt') != path:
-        _save_step(hook, runner, step, dict(epoch=runner.epoch, iter=step))
+        _save_step(hook, runner, done, dict(epoch=runner.epoch, iter=done))
     return path
 
 
