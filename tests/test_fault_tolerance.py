@@ -23,7 +23,7 @@ from conftest import scalars as all_scalars
 
 from inline_mm.engine.atomic_io import atomic_write
 from inline_mm.engine.checkpoint_files import checkpoint_problem, newest_readable_checkpoint
-from inline_mm.engine.signals import PREEMPTED_EXIT_CODE
+from inline_mm.engine.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
 
 CONFIG, TRAIN = TOY_DET_CONFIG, TRAIN_TOOL
 DIST_TRAIN = os.path.join(REPO_ROOT, 'tools', 'dist_train.sh')
@@ -427,10 +427,13 @@ def test_sigterm_checkpoints_exits_75_and_the_relaunch_matches(toy_root, tmp_pat
     assert_preempted_launch(out)
     preempt = glob.glob(os.path.join(work, 'iter_*.pth'))
     assert len(preempt) == 1 and not preempt[0].endswith('iter_6.pth'), out[-3000:]
+    with open(os.path.join(work, PREEMPTED_MARKER)) as f:  # what slurm_train.sh requeues on
+        assert preempt[0] in f.read()
     proc = dist_train(work, toy_root, 2, free_port(), dict(extra, flip=flip), '--resume')
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out[-3000:]
     assert 'resumed epoch: 0, iter:' in out
+    assert not os.path.exists(os.path.join(work, PREEMPTED_MARKER))
     assert_same_weights(os.path.join(straight, 'iter_6.pth'), os.path.join(work, 'iter_6.pth'))
 
 
@@ -639,8 +642,11 @@ def test_a_preempted_iteration_based_run_fetches_no_further_batch(tmp_path):
             CountingDataset.fetched += 1
             return torch.full((4,), float(index)), torch.ones(1)
 
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / PREEMPTED_MARKER).write_text('an earlier preemption\n')
     runner = Runner(
-        model=LinearModel(), work_dir=str(tmp_path / 'work'),
+        model=LinearModel(), work_dir=str(work),
         train_dataloader=DataLoader(CountingDataset(), batch_size=1, collate_fn=collate),
         train_cfg=dict(by_epoch=False, max_iters=6),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
@@ -652,7 +658,34 @@ def test_a_preempted_iteration_based_run_fetches_no_further_batch(tmp_path):
         runner.train()
     assert stop.value.code == PREEMPTED_EXIT_CODE
     assert CountingDataset.fetched == 3
-    assert os.path.isfile(tmp_path / 'work' / 'iter_3.pth')
+    assert os.path.isfile(work / 'iter_3.pth')
+    # the marker tools/slurm_train.sh requeues on: this run's, naming its checkpoint
+    marker = (work / PREEMPTED_MARKER).read_text()
+    assert 'after iteration 3: checkpoint' in marker and 'iter_3.pth' in marker, marker
+
+
+def test_a_run_that_is_not_preempted_removes_an_earlier_preemption_marker(tmp_path):
+    """The marker of an earlier preemption goes when a run starts: a run that then fails
+    or finishes must not be requeued by tools/slurm_train.sh."""
+    from linear_model import LinearModel, collate
+    from mmengine.runner import Runner
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from inline_mm.engine import PreemptionHook
+
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / PREEMPTED_MARKER).write_text('an earlier preemption\n')
+    data = TensorDataset(torch.randn(4, 4), torch.ones(4, 1))
+    runner = Runner(
+        model=LinearModel(), work_dir=str(work),
+        train_dataloader=DataLoader(data, batch_size=1, collate_fn=collate),
+        train_cfg=dict(by_epoch=False, max_iters=2),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+        custom_hooks=[PreemptionHook()],
+        experiment_name=f'marker_removed_{os.getpid()}_{time.time_ns()}')
+    runner.train()
+    assert not (work / PREEMPTED_MARKER).exists()
 
 
 #: one of two gloo processes: rank 0 ends as a preempted run does (finish_preempted), rank 1

@@ -10,7 +10,10 @@
 # continues from the newest readable checkpoint of WORK_DIR (or from scratch if there is none).
 # On status 75 the script requeues the job when it runs inside an sbatch allocation
 # (scontrol requeue $SLURM_JOB_ID; submit with --requeue), and otherwise starts srun again,
-# at most MAX_RESTARTS times.
+# at most MAX_RESTARTS times.  With --kill-on-bad-exit, Slurm kills the other tasks once
+# the first exits with 75, and srun may then return 128 + the signal: the file
+# WORK_DIR/preempted (inline_mm.engine.PREEMPTED_MARKER), which rank 0 writes before
+# any process exits, counts as status 75.
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
   echo "usage: $0 PARTITION JOB_NAME CONFIG WORK_DIR [tools/train.py arguments]" >&2
@@ -31,8 +34,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON=${PYTHON:-$( [[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python )}
 RESUME=(--resume)
 for arg in "$@"; do [[ "$arg" == --resume* ]] && RESUME=(); done
+MARKER="$WORK_DIR/preempted"  # inline_mm.engine.PREEMPTED_MARKER
 restarts=0
 while true; do
+  rm -f "$MARKER"  # a marker of an earlier start must not requeue a failed one
   PYTHONPATH="$ROOT:${PYTHONPATH:-}" \
   srun -p "$PARTITION" --job-name="$JOB_NAME" --gres=gpu:"$GPUS_PER_NODE" \
       --ntasks="$GPUS" --ntasks-per-node="$GPUS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK" \
@@ -40,6 +45,10 @@ while true; do
       "$PYTHON" -u "$ROOT/tools/train.py" "$CONFIG" --work-dir="$WORK_DIR" --launcher slurm \
       "$@" ${RESUME[@]+"${RESUME[@]}"}
   status=$?
+  if [[ $status -ne $PREEMPTED && -f "$MARKER" ]]; then
+    echo "srun returned $status; the run had stopped for a preemption: $(cat "$MARKER")" >&2
+    status=$PREEMPTED
+  fi
   [[ $status -eq $PREEMPTED ]] || exit $status
   if [[ -n "${SLURM_JOB_ID:-}" ]]; then
     echo "preempted: checkpoint written, requeueing job $SLURM_JOB_ID" >&2

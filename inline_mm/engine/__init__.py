@@ -21,7 +21,7 @@ from .dist import AnyDeviceDistributedDataParallel
 from .hooks import AtomicCheckpointHook, MeanLossLoggerHook, PreemptionHook, RNGStateHook
 from .loops import ResumableEpochBasedTrainLoop
 from .nonfinite import NonFiniteLossError, NonFiniteLossHook
-from .signals import PREEMPTED_EXIT_CODE
+from .signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
 
 __all__ = ['configure_amp', 'configure_fp32', 'cpu_has_fast_bf16', 'enable_inference_autocast',
            'AutocastHandle', 'autocast_parts', 'AnyDeviceDistributedDataParallel',
@@ -29,4 +29,5 @@ __all__ = ['configure_amp', 'configure_fp32', 'cpu_has_fast_bf16', 'enable_infer
            'CPUAutocastOptimWrapper', 'AtomicCheckpointHook', 'PreemptionHook',
            'NonFiniteLossHook', 'NonFiniteLossError', 'ResumableEpochBasedTrainLoop',
            'SkipBadSamples', 'AtomicLocalBackend',
-           'BadSampleLimitError', 'CheckpointWriteError', 'PREEMPTED_EXIT_CODE']
+           'BadSampleLimitError', 'CheckpointWriteError', 'PREEMPTED_EXIT_CODE',
+           'PREEMPTED_MARKER']

@@ -17,6 +17,12 @@ from typing import Any, Dict, Optional, Sequence
 #: ``tools/slurm_train.sh`` requeues the job on it
 PREEMPTED_EXIT_CODE = 75
 
+#: file in the work dir that says its last run stopped for a preemption, with the
+#: checkpoint to resume from.  Rank 0 writes it before any process exits: when one
+#: task's 75 makes Slurm kill the others (``srun --kill-on-bad-exit``), srun returns
+#: 128 + the signal instead, and ``tools/slurm_train.sh`` requeues on this file
+PREEMPTED_MARKER = 'preempted'
+
 
 class PreemptionFlag:
     """Signal handlers that record that a stop was asked for (and exit at once while

@@ -7,15 +7,18 @@ through :class:`AtomicCheckpointHook`) and exits with status
 :data:`~inline_mm.engine.signals.PREEMPTED_EXIT_CODE` (75).  A validation the
 stop interrupts (or comes right before) runs when the run resumes.
 """
+import os
+import os.path as osp
 from typing import Optional
 
 import torch
-from mmengine.dist import all_reduce, get_world_size
+from mmengine.dist import all_reduce, get_world_size, is_main_process
 from mmengine.hooks import CheckpointHook, EMAHook, Hook
 from mmengine.registry import HOOKS
 from mmengine.runner import FlexibleRunner, IterBasedTrainLoop
 
-from ..signals import PREEMPTED_EXIT_CODE, PreemptionFlag
+from ..atomic_io import atomic_write
+from ..signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, PreemptionFlag
 from .atomic_checkpoint import agree, save_checkpoint_now
 from .rng_state import RNGStateHook
 from .runner_access import check_rank0_saves
@@ -135,6 +138,12 @@ class PreemptionHook(Hook):
         # a collective of their first iteration
         if get_world_size() == 1:
             self.flag.exit_at_once = 'with no training iteration finished in this run'
+        # the marker of an earlier preemption: this run decides anew
+        if is_main_process():
+            try:
+                os.remove(osp.join(runner.work_dir, PREEMPTED_MARKER))
+            except FileNotFoundError:
+                pass
 
     def before_train(self, runner) -> None:
         """Run the validation a preemption interrupted before the checkpoint resumed from."""
@@ -271,9 +280,17 @@ class PreemptionHook(Hook):
     def _exit(self, runner, what: str, resume: bool = True) -> None:
         """Log why and what was saved, then raise ``SystemExit(75)``."""
         then = 'restart with --resume to continue' if resume else 'run it again'
-        runner.logger.warning(f'preempted ({self._why()}) {what}; exiting with status '
-                              f'{PREEMPTED_EXIT_CODE} ({then})')
+        message = (f'preempted ({self._why()}) {what}; exiting with status '
+                   f'{PREEMPTED_EXIT_CODE} ({then})')
+        runner.logger.warning(message)
         self.flag.uninstall()
+        # before any process exits (the others wait for rank 0 at the teardown barrier)
+        if is_main_process():
+            marker = osp.join(runner.work_dir, PREEMPTED_MARKER)
+            try:
+                atomic_write(message + '\n', marker)
+            except OSError as err:  # the checkpoint is written; exit with 75 all the same
+                runner.logger.warning(f'could not write {marker}: {err}')
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
     def after_run(self, runner) -> None:
