@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import os.path as osp
+import secrets
 import tempfile
 import weakref
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -96,6 +97,20 @@ def _remove_record(path: str, owner: int) -> None:
             pass
 
 
+#: the removal of each wrapper's record (weakref.finalize; each runs once at most)
+_RECORD_REMOVALS: List[weakref.finalize] = []
+
+
+def remove_bad_sample_records() -> None:
+    """Remove the records of this process's wrappers now.
+
+    For an exit through ``os._exit`` (the bounded teardown of
+    :mod:`inline_mm.engine.dist`), which skips the removal at interpreter exit.
+    """
+    for removal in _RECORD_REMOVALS:
+        removal()
+
+
 @DATASETS.register_module()
 class SkipBadSamples:
     """Dataset wrapper that skips bad samples instead of ending the run.
@@ -147,12 +162,17 @@ class SkipBadSamples:
         self.max_bad_count = max_bad_count
         self.check_annotations = check_annotations
         self._bad: Dict[int, Tuple[str, str]] = {}  # index -> (file, reason)
-        fd, self._record = tempfile.mkstemp(prefix='inline_mm_bad_samples_', suffix='.tsv')
-        os.close(fd)
+        # the file the data-loader workers share what they found through; made by the
+        # first bad sample (most runs have none, and leave nothing behind even when
+        # killed).  A random name nobody can plant a file or link at beforehand
+        self._record = osp.join(tempfile.gettempdir(),
+                                f'inline_mm_bad_samples_{secrets.token_hex(16)}.tsv')
         # removed when the wrapper is collected or, at the latest, when the process
         # that made it exits (__del__ alone is not called for objects alive at exit);
         # not in the forked data-loader workers, which share the file
-        weakref.finalize(self, _remove_record, self._record, os.getpid())
+        _RECORD_REMOVALS[:] = [r for r in _RECORD_REMOVALS if r.alive]
+        _RECORD_REMOVALS.append(weakref.finalize(self, _remove_record, self._record,
+                                                 os.getpid()))
         # a subset (mmengine's ``indices``) lists some of a folder's images on purpose
         self._subset = dataset.get('indices') is not None if isinstance(dataset, dict) else \
             getattr(dataset, '_indices', None) is not None  # a built one: no public getter
@@ -261,7 +281,8 @@ class SkipBadSamples:
     def _add_bad(self, idx: int, path: str, reason: str) -> None:
         """Record a bad sample once across workers; log it the first time."""
         reason = ' '.join(reason.split())[:300]
-        with open(self._record, 'a+') as f:
+        fd = os.open(self._record, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, 'a+') as f:
             fcntl.flock(f, fcntl.LOCK_EX)
             try:
                 self._sync()

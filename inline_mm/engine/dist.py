@@ -28,6 +28,7 @@ from mmengine.model import MMDistributedDataParallel
 from mmengine.registry import MODEL_WRAPPERS, STRATEGIES
 
 from ..errors import ConfigError, UserInputError
+from .bad_samples import remove_bad_sample_records
 from .hooks.runner_access import names_flexible_runner
 from .signals import PREEMPTED_EXIT_CODE
 
@@ -288,6 +289,7 @@ def _exit_now(status: int, warning: str) -> None:
     print(warning, file=sys.stderr, flush=True)
     logging.shutdown()  # the log files' handlers
     sys.stdout.flush()
+    remove_bad_sample_records()  # what the interpreter's exit would have removed
     os._exit(status)
 
 
