@@ -106,8 +106,9 @@ def load_trained_model(cfg: Config, checkpoint: str, device: str = 'cpu',
     checkpoint read once, safely
     (:func:`~inline_mm.checkpoint.load_checkpoint_file`), and refused in one
     line when it does not fit the model
-    (:func:`~inline_mm.engine.model_fit.check_checkpoint_fits`; only ``parts``
-    when given).  The toolkits load another model's checkpoint with a warning,
+    (:func:`~inline_mm.engine.model_fit.check_checkpoint_fits`); with ``parts``
+    only those are checked and loaded (an export of the backbone takes it from
+    another model's checkpoint without the warnings of the rest).  The toolkits load another model's checkpoint with a warning,
     mmseg's fails with a ``KeyError`` on a checkpoint without ``meta`` (converted
     weights), and both fall back to COCO / Cityscapes classes when the meta has no
     ``dataset_meta``: here the config's dataset classes and palette are taken.
@@ -129,7 +130,14 @@ def load_trained_model(cfg: Config, checkpoint: str, device: str = 'cpu',
         model = init_model(cfg, None, device='cpu')
     loaded = load_checkpoint_file(checkpoint)
     check_checkpoint_fits(model, checkpoint, checkpoint=loaded, parts=parts)
-    load_state_dict(model, extract_state_dict(loaded, prefix=''), strict=False)
+    state = extract_state_dict(loaded, prefix='')
+    if parts is None:
+        load_state_dict(model, state, strict=False)
+    else:  # only these: the checkpoint may be another model's (its heads not this one's)
+        for part in parts:
+            load_state_dict(getattr(model, part),
+                            {k[len(part) + 1:]: v for k, v in state.items()
+                             if k.startswith(part + '.')}, strict=True)
     print_log(f'loaded the weights of {checkpoint}', logger='current')
     model.dataset_meta = _inference_dataset_meta(cfg, loaded.get('meta'))
     return model.to(device).eval()
