@@ -108,9 +108,10 @@ def load_trained_model(cfg: Config, checkpoint: str, device: str = 'cpu',
     line when it does not fit the model
     (:func:`~inline_mm.engine.model_fit.check_checkpoint_fits`); with ``parts``
     only those are checked and loaded (an export of the backbone takes it from
-    another model's checkpoint without the warnings of the rest).  The toolkits load another model's checkpoint with a warning,
-    mmseg's fails with a ``KeyError`` on a checkpoint without ``meta`` (converted
-    weights), and both fall back to COCO / Cityscapes classes when the meta has no
+    another model's checkpoint without the warnings of the rest).  The toolkits
+    load another model's checkpoint with a warning, mmseg's fails with a
+    ``KeyError`` on a checkpoint without ``meta`` (converted weights), and both
+    fall back to COCO / Cityscapes classes when the meta has no
     ``dataset_meta``: here the config's dataset classes and palette are taken.
     """
     import warnings
