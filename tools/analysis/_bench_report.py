@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Tuple
 
 from _bench_common import COUNTERPARTS, describe_cpu, slope
 
-from inline_mm.engine.launch import format_size
+from inline_mm.engine.cli_sizes import format_size
 
 
 def plot(results: dict, path: str) -> None:

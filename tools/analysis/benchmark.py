@@ -81,7 +81,8 @@ from _bench_common import (COUNTERPARTS, MMDET_BACKBONES, add_peak_args,  # noqa
 from _bench_onnx import time_onnxruntime_rows  # noqa: E402
 from _bench_report import plot, print_table, summarise  # noqa: E402
 
-from inline_mm.engine.launch import add_cfg_options, add_size_option, format_size  # noqa: E402
+from inline_mm.engine.cli_sizes import add_size_option, format_size  # noqa: E402
+from inline_mm.engine.launch import add_cfg_options  # noqa: E402
 
 #: suffix of the spec of a model's ``torch.compile`` twin (``--compile``)
 COMPILED = '+compiled'

@@ -276,7 +276,7 @@ def parse_args(argv: Optional[List[str]] = None):
     # import nothing of its own before mmdet's tool
     from _bench_common import add_peak_args
 
-    from inline_mm.engine.launch import add_size_option
+    from inline_mm.engine.cli_sizes import add_size_option
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--config', default=DEFAULT_CONFIG, help='the detection recipe')
     parser.add_argument('--data-dir', help='where the generated set is kept and reused '

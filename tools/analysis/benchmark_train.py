@@ -68,8 +68,8 @@ from mmengine.registry import init_default_scope  # noqa: E402
 from _bench_common import (MMDET_BACKBONES, add_peak_args, cpu_record,  # noqa: E402
                            cuda_missing, describe_cpu, quartiles, sync)  # (same folder)
 from inline_mm.engine.amp import configure_amp, configure_fp32  # noqa: E402
-from inline_mm.engine.launch import (add_cfg_options, add_size_option, cli_main,  # noqa: E402
-                                     format_size, load_config)
+from inline_mm.engine.cli_sizes import add_size_option, format_size  # noqa: E402
+from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import task_of  # noqa: E402
 from inline_mm.errors import ConfigError  # noqa: E402
 

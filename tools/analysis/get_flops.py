@@ -32,8 +32,8 @@ import torch  # noqa: E402
 from mmengine.analysis import get_model_complexity_info  # noqa: E402
 from mmengine.config import Config  # noqa: E402
 
-from inline_mm.engine.launch import (add_cfg_options, add_size_option, cli_main,  # noqa: E402
-                                     format_size, load_config)
+from inline_mm.engine.cli_sizes import add_size_option, format_size  # noqa: E402
+from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
 from inline_mm.engine.runner_utils import TensorModeForward, build_model, task_of  # noqa: E402
 
 

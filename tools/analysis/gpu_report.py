@@ -42,7 +42,7 @@ ROOT = osp.dirname(osp.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
-from inline_mm.engine.launch import add_size_option, format_size  # noqa: E402
+from inline_mm.engine.cli_sizes import add_size_option, format_size  # noqa: E402
 
 #: the detector configs of the training rows (their backbones' softmax twins come from
 #: benchmark_train.softmax_counterpart: mmdet's PVT-T and Swin-T)

@@ -31,7 +31,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import Tensor  # noqa: E402
 
-from inline_mm.engine.launch import add_size_option, cli_main  # noqa: E402
+from inline_mm.engine.cli_sizes import add_size_option  # noqa: E402
+from inline_mm.engine.launch import cli_main  # noqa: E402
 from inline_mm.errors import ConfigError, MissingFileError  # noqa: E402
 from inline_mm.models.layers.inline_attention import InLineAttention  # noqa: E402
 

@@ -26,8 +26,8 @@ import time
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-from inline_mm.engine.launch import (add_cfg_options, add_size_option, cli_main,  # noqa: E402
-                                     format_size)
+from inline_mm.engine.cli_sizes import add_size_option, format_size  # noqa: E402
+from inline_mm.engine.launch import add_cfg_options, cli_main  # noqa: E402
 from inline_mm.deploy import (PARTS, TOLERANCE, build_model, export_onnx,  # noqa: E402
                               require_onnx, verify_onnx, wrap_part)
 
