@@ -138,6 +138,34 @@ UPERNETS = {
 }
 
 
+def test_backbone_neck_of_a_segmentor_without_neck_loads_its_backbone(tmp_path):
+    """UperNet has no neck: --part backbone_neck exports its backbone (extract_feat), and
+    the weights load from a checkpoint the fit check accepts, also one that lacks a
+    tensor of the backbone (loaded with a warning, as the whole-model path does)."""
+    from inline_mm.deploy.onnx_export import build_model as build_for_export
+    from inline_mm.engine.launch import read_config
+    from inline_mm.engine.runner_utils import build_model as build_plain
+    config, change = UPERNETS['swin']
+    cfg = read_config(osp.join(ROOT, 'configs', 'seg', config))
+    cfg.merge_from_dict(dict(model=dict(
+        change, decode_head=dict(channels=32), auxiliary_head=dict(channels=16))))
+    cfg.model.backbone.init_cfg = None
+    path = str(tmp_path / 'upernet.py')
+    cfg.dump(path)
+    torch.manual_seed(1)
+    state = build_plain(cfg).state_dict()
+    dropped = next(k for k in state if k.startswith('backbone.') and k.endswith('.bias'))
+    for name, weights in (('whole', state),
+                          ('lacking', {k: v for k, v in state.items() if k != dropped})):
+        ckpt = str(tmp_path / f'{name}.pth')
+        torch.save({'state_dict': weights}, ckpt)
+        model = build_for_export(path, ckpt, part='backbone_neck')[0]
+        assert getattr(model, 'neck', None) is None
+        loaded = model.backbone.state_dict()
+        assert all(torch.equal(v, state['backbone.' + k])
+                   for k, v in loaded.items() if 'backbone.' + k != dropped)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', list(UPERNETS))
 def test_upernet_whole_parity(name, tmp_path):

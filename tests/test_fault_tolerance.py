@@ -674,27 +674,54 @@ def test_a_preempted_iteration_based_run_fetches_no_further_batch(tmp_path):
     assert 'after iteration 3: checkpoint' in marker and 'iter_3.pth' in marker, marker
 
 
-def test_a_run_that_is_not_preempted_removes_an_earlier_preemption_marker(tmp_path):
-    """The marker of an earlier preemption goes when a run starts: a run that then fails
-    or finishes must not be requeued by tools/slurm_train.sh."""
+def test_the_preemption_marker_belongs_to_the_work_dirs_training_runs(tmp_path):
+    """A test run in the work dir leaves the marker alone, also when it is itself preempted
+    (tools/slurm_train.sh must not requeue a failed training run for it); a training run
+    removes an earlier one when it starts, so that it is not requeued when it then fails
+    or finishes."""
     from linear_model import LinearModel, collate
+    from mmengine.evaluator import BaseMetric
+    from mmengine.hooks import Hook
     from mmengine.runner import Runner
     from torch.utils.data import DataLoader, TensorDataset
 
     from inline_mm.engine import PreemptionHook
 
+    class Count(BaseMetric):
+        def process(self, data_batch, data_samples):
+            self.results.append(len(data_samples))
+
+        def compute_metrics(self, results):
+            return dict(count=sum(results))
+
+    class SignalInTest(Hook):
+        def before_test_iter(self, runner, batch_idx, data_batch=None):
+            if batch_idx == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
     work = tmp_path / 'work'
     work.mkdir()
-    (work / PREEMPTED_MARKER).write_text('an earlier preemption\n')
+    earlier = 'preempted after iteration 4: an earlier training run\n'
+    (work / PREEMPTED_MARKER).write_text(earlier)
     data = TensorDataset(torch.randn(4, 4), torch.ones(4, 1))
-    runner = Runner(
-        model=LinearModel(), work_dir=str(work),
-        train_dataloader=DataLoader(data, batch_size=1, collate_fn=collate),
-        train_cfg=dict(by_epoch=False, max_iters=2),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
-        custom_hooks=[PreemptionHook()],
-        experiment_name=f'marker_removed_{os.getpid()}_{time.time_ns()}')
-    runner.train()
+
+    def runner(name, hooks, **kwargs):
+        return Runner(model=LinearModel(), work_dir=str(work), custom_hooks=hooks,
+                      experiment_name=f'{name}_{os.getpid()}_{time.time_ns()}', **kwargs)
+
+    test = dict(test_dataloader=DataLoader(data, batch_size=1, collate_fn=collate),
+                test_cfg=dict(), test_evaluator=Count())
+    runner('test', [PreemptionHook()], **test).test()
+    assert (work / PREEMPTED_MARKER).read_text() == earlier
+    with pytest.raises(SystemExit) as stop:  # preempted in its second batch
+        runner('test_preempted', [PreemptionHook(), SignalInTest()], **test).test()
+    assert stop.value.code == PREEMPTED_EXIT_CODE
+    assert (work / PREEMPTED_MARKER).read_text() == earlier
+
+    runner('train', [PreemptionHook()],
+           train_dataloader=DataLoader(data, batch_size=1, collate_fn=collate),
+           train_cfg=dict(by_epoch=False, max_iters=2),
+           optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01))).train()
     assert not (work / PREEMPTED_MARKER).exists()
 
 

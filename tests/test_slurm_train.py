@@ -26,7 +26,12 @@ FAKE_SRUN = textwrap.dedent('''\
     echo "$@" >> "$CALLS"
     n=$(wc -l < "$CALLS")
     what=$(echo $SRUN_PLAN | cut -d' ' -f"$n")
-    for arg in "$@"; do [[ "$arg" == --work-dir=* ]] && work=${arg#--work-dir=}; done
+    prev=""
+    for arg in "$@"; do  # the last --work-dir wins, as in argparse
+      [[ "$prev" == --work-dir ]] && work=$arg
+      [[ "$arg" == --work-dir=* ]] && work=${arg#--work-dir=}
+      prev=$arg
+    done
     marker() { echo "preempted after iteration 5: $work/iter_5.pth" > "$work/preempted"; }
     case "$what" in
       ok) exit 0 ;;
@@ -44,7 +49,7 @@ FAKE_SCONTROL = textwrap.dedent('''\
 ''')
 
 
-def slurm_train(tmp_path, plan, job_id=None, stale_marker=False):
+def slurm_train(tmp_path, plan, job_id=None, stale_marker=False, args=()):
     """Run the script with the fake scheduler; returns (process, srun calls, requeues)."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
@@ -61,7 +66,7 @@ def slurm_train(tmp_path, plan, job_id=None, stale_marker=False):
                REQUEUES=str(tmp_path / 'requeues'), SRUN_PLAN=plan, MAX_RESTARTS='3')
     if job_id is not None:
         env['SLURM_JOB_ID'] = job_id
-    proc = subprocess.run(['bash', SLURM_TRAIN, 'part', 'job', 'configs/x.py', str(work)],
+    proc = subprocess.run(['bash', SLURM_TRAIN, 'part', 'job', 'configs/x.py', str(work), *args],
                           capture_output=True, text=True, env=env, timeout=60)
 
     def lines(name):
@@ -114,7 +119,21 @@ def test_preempted_more_often_than_max_restarts_gives_up(tmp_path):
     assert 'preempted 4 times, giving up (MAX_RESTARTS=3)' in proc.stderr
 
 
+def test_the_marker_is_read_in_a_work_dir_given_among_the_train_arguments(tmp_path):
+    """A --work-dir after WORK_DIR overrides it in train.py: the marker is read there."""
+    other = tmp_path / 'other'
+    other.mkdir()
+    for form in (['--work-dir', str(other)], [f'--work-dir={other}']):
+        for name in ('bin', 'work', 'calls', 'requeues'):
+            subprocess.run(['rm', '-rf', str(tmp_path / name)], check=True)
+        proc, calls, requeues = slurm_train(tmp_path, 'preempted-killed', job_id='7',
+                                            args=form)
+        assert proc.returncode == PREEMPTED_EXIT_CODE, proc.stderr
+        assert requeues == ['requeue 7']
+        assert not (tmp_path / 'work' / PREEMPTED_MARKER).exists()
+
+
 def test_the_script_reads_the_marker_the_hook_writes():
     with open(SLURM_TRAIN) as f:
-        assert f'MARKER="$WORK_DIR/{PREEMPTED_MARKER}"' in f.read()
+        assert f'MARKER="$RUN_DIR/{PREEMPTED_MARKER}"' in f.read()
     assert f'"$work/{PREEMPTED_MARKER}"' in FAKE_SRUN

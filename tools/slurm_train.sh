@@ -34,10 +34,17 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON=${PYTHON:-$( [[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python )}
 RESUME=(--resume)
 for arg in "$@"; do [[ "$arg" == --resume* ]] && RESUME=(); done
-MARKER="$WORK_DIR/preempted"  # inline_mm.engine.PREEMPTED_MARKER
+RUN_DIR=$WORK_DIR  # a --work-dir among the train.py arguments comes last and wins
+prev=""
+for arg in "$@"; do
+  [[ "$prev" == --work-dir ]] && RUN_DIR=$arg
+  [[ "$arg" == --work-dir=* ]] && RUN_DIR=${arg#--work-dir=}
+  prev=$arg
+done
+MARKER="$RUN_DIR/preempted"  # inline_mm.engine.PREEMPTED_MARKER
 restarts=0
 while true; do
-  rm -f "$MARKER"  # a marker of an earlier start must not requeue a failed one
+  rm -f -- "$MARKER"  # a marker of an earlier start must not requeue a failed one
   PYTHONPATH="$ROOT:${PYTHONPATH:-}" \
   srun -p "$PARTITION" --job-name="$JOB_NAME" --gres=gpu:"$GPUS_PER_NODE" \
       --ntasks="$GPUS" --ntasks-per-node="$GPUS_PER_NODE" --cpus-per-task="$CPUS_PER_TASK" \

@@ -136,9 +136,10 @@ def load_trained_model(cfg: Config, checkpoint: str, device: str = 'cpu',
         load_state_dict(model, state, strict=False)
     else:  # only these: the checkpoint may be another model's (its heads not this one's)
         for part in parts:
-            load_state_dict(getattr(model, part),
-                            {k[len(part) + 1:]: v for k, v in state.items()
-                             if k.startswith(part + '.')}, strict=True)
+            module = getattr(model, part, None)  # mmseg's UperNet configs have no neck
+            if module is not None:
+                load_state_dict(module, {k[len(part) + 1:]: v for k, v in state.items()
+                                         if k.startswith(part + '.')}, strict=False)
     print_log(f'loaded the weights of {checkpoint}', logger='current')
     model.dataset_meta = _inference_dataset_meta(cfg, loaded.get('meta'))
     return model.to(device).eval()

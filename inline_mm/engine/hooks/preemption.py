@@ -138,18 +138,19 @@ class PreemptionHook(Hook):
         # a collective of their first iteration
         if get_world_size() == 1:
             self.flag.exit_at_once = 'with no training iteration finished in this run'
-        # the marker of an earlier preemption: this run decides anew
-        if is_main_process():
-            try:
-                os.remove(osp.join(runner.work_dir, PREEMPTED_MARKER))
-            except FileNotFoundError:
-                pass
 
     def before_train(self, runner) -> None:
         """Run the validation a preemption interrupted before the checkpoint resumed from."""
         if isinstance(runner, FlexibleRunner):  # saves come in training only
             check_rank0_saves(type(runner.strategy), type(self).__name__)
         self._training = True
+        # the marker of an earlier preemption: this training run decides anew (a test
+        # run in the same work dir leaves it alone)
+        if is_main_process():
+            try:
+                os.remove(osp.join(runner.work_dir, PREEMPTED_MARKER))
+            except FileNotFoundError:
+                pass
         pending = runner.message_hub.get_info(PENDING_VALIDATION)
         if pending is None:
             return
@@ -283,14 +284,15 @@ class PreemptionHook(Hook):
         message = (f'preempted ({self._why()}) {what}; exiting with status '
                    f'{PREEMPTED_EXIT_CODE} ({then})')
         runner.logger.warning(message)
-        self.flag.uninstall()
-        # before any process exits (the others wait for rank 0 at the teardown barrier)
-        if is_main_process():
+        # a training run's, before any process exits (the others wait for rank 0 at the
+        # teardown barrier) and while a second signal is still only recorded
+        if resume and self._training and is_main_process():
             marker = osp.join(runner.work_dir, PREEMPTED_MARKER)
             try:
                 atomic_write(message + '\n', marker)
             except OSError as err:  # the checkpoint is written; exit with 75 all the same
                 runner.logger.warning(f'could not write {marker}: {err}')
+        self.flag.uninstall()
         raise SystemExit(PREEMPTED_EXIT_CODE)
 
     def after_run(self, runner) -> None:
