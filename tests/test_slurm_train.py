@@ -137,3 +137,17 @@ def test_the_script_reads_the_marker_the_hook_writes():
     with open(SLURM_TRAIN) as f:
         assert f'MARKER="$RUN_DIR/{PREEMPTED_MARKER}"' in f.read()
     assert f'"$work/{PREEMPTED_MARKER}"' in FAKE_SRUN
+
+
+def test_an_empty_work_dir_is_refused_before_srun(tmp_path):
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'srun').write_text('#!/usr/bin/env bash\ntouch "$CALLS"\n')
+    (bin_dir / 'srun').chmod(0o755)
+    env = dict(os.environ, PATH=f'{bin_dir}:{os.environ["PATH"]}', CALLS=str(tmp_path / 'c'))
+    proc = subprocess.run(['bash', SLURM_TRAIN, 'part', 'job', 'configs/x.py', ''],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ('error: WORK_DIR is empty: name the folder the run writes '
+                                   'its checkpoints to')
+    assert not (tmp_path / 'c').exists()

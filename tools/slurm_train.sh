@@ -24,6 +24,10 @@ JOB_NAME=$2
 CONFIG=$3
 WORK_DIR=$4
 shift 4
+if [[ -z "$WORK_DIR" ]]; then  # train.py would fall back to the config's work dir
+  echo "error: WORK_DIR is empty: name the folder the run writes its checkpoints to" >&2
+  exit 2
+fi
 GPUS=${GPUS:-8}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 CPUS_PER_TASK=${CPUS_PER_TASK:-5}
