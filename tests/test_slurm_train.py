@@ -25,6 +25,13 @@ FAKE_SRUN = textwrap.dedent('''\
     #!/usr/bin/env bash
     echo "$@" >> "$CALLS"
     n=$(wc -l < "$CALLS")
+    prev=""
+    for arg in "$@"; do  # the tasks start in --chdir / -D
+      [[ "$prev" == --chdir || "$prev" == -D ]] && cd "$arg"
+      [[ "$arg" == --chdir=* ]] && cd "${arg#--chdir=}"
+      [[ "$arg" == -D?* ]] && cd "${arg#-D}"
+      prev=$arg
+    done
     what=$(echo $SRUN_PLAN | cut -d' ' -f"$n")
     prev=""
     for arg in "$@"; do  # the last --work-dir wins, as in argparse
@@ -49,8 +56,13 @@ FAKE_SCONTROL = textwrap.dedent('''\
 ''')
 
 
-def slurm_train(tmp_path, plan, job_id=None, stale_marker=False, args=()):
-    """Run the script with the fake scheduler; returns (process, srun calls, requeues)."""
+def slurm_train(tmp_path, plan, job_id=None, stale_marker=False, args=(), work_dir=None,
+                srun_args=''):
+    """Run the script with the fake scheduler; returns (process, srun calls, requeues).
+
+    ``work_dir``: the WORK_DIR argument (default: the absolute ``tmp_path / 'work'``);
+    ``srun_args``: SRUN_ARGS.
+    """
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
     for name, text in (('srun', FAKE_SRUN), ('scontrol', FAKE_SCONTROL)):
@@ -63,11 +75,13 @@ def slurm_train(tmp_path, plan, job_id=None, stale_marker=False, args=()):
         (work / PREEMPTED_MARKER).write_text('an earlier preemption\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith('SLURM_')}
     env.update(PATH=f'{bin_dir}:{env["PATH"]}', CALLS=str(tmp_path / 'calls'),
-               REQUEUES=str(tmp_path / 'requeues'), SRUN_PLAN=plan, MAX_RESTARTS='3')
+               REQUEUES=str(tmp_path / 'requeues'), SRUN_PLAN=plan, MAX_RESTARTS='3',
+               SRUN_ARGS=srun_args)
     if job_id is not None:
         env['SLURM_JOB_ID'] = job_id
-    proc = subprocess.run(['bash', SLURM_TRAIN, 'part', 'job', 'configs/x.py', str(work), *args],
-                          capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(['bash', SLURM_TRAIN, 'part', 'job', 'configs/x.py',
+                           str(work) if work_dir is None else work_dir, *args],
+                          capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
 
     def lines(name):
         path = tmp_path / name
@@ -131,6 +145,28 @@ def test_the_marker_is_read_in_a_work_dir_given_among_the_train_arguments(tmp_pa
         assert proc.returncode == PREEMPTED_EXIT_CODE, proc.stderr
         assert requeues == ['requeue 7']
         assert not (tmp_path / 'work' / PREEMPTED_MARKER).exists()
+
+
+@pytest.mark.parametrize('srun_args', ['--chdir {}', '--chdir={}', '-D {}', '-D{}'])
+def test_a_relative_work_dir_is_read_below_sruns_chdir(tmp_path, srun_args):
+    """With --chdir / -D in SRUN_ARGS the tasks resolve a relative WORK_DIR below that folder:
+    the marker is read there (and a stale one removed there)."""
+    tasks = tmp_path / 'tasks'
+    (tasks / 'work').mkdir(parents=True)
+    (tasks / 'work' / PREEMPTED_MARKER).write_text('an earlier preemption\n')
+    proc, calls, requeues = slurm_train(tmp_path, 'preempted-killed', job_id='9',
+                                        work_dir='work', srun_args=srun_args.format(tasks))
+    assert proc.returncode == PREEMPTED_EXIT_CODE, proc.stderr
+    assert requeues == ['requeue 9']
+    assert (tasks / 'work' / PREEMPTED_MARKER).read_text().startswith('preempted after')
+
+    for name in ('bin', 'work', 'calls', 'requeues'):
+        subprocess.run(['rm', '-rf', str(tmp_path / name)], check=True)
+    (tasks / 'work' / PREEMPTED_MARKER).write_text('an earlier preemption\n')
+    proc, _, requeues = slurm_train(tmp_path, 'killed', job_id='9', work_dir='work',
+                                    srun_args=srun_args.format(tasks))
+    assert proc.returncode == 137 and requeues == []
+    assert not (tasks / 'work' / PREEMPTED_MARKER).exists()
 
 
 def test_the_script_reads_the_marker_the_hook_writes():

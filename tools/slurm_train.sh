@@ -13,7 +13,8 @@
 # at most MAX_RESTARTS times.  With --kill-on-bad-exit, Slurm kills the other tasks once
 # the first exits with 75, and srun may then return 128 + the signal: the file
 # WORK_DIR/preempted (inline_mm.engine.PREEMPTED_MARKER), which rank 0 writes before
-# any process exits, counts as status 75.
+# any process exits, counts as status 75 (a relative WORK_DIR is read below srun's --chdir / -D
+# when SRUN_ARGS has one, as the tasks resolve it).
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
   echo "usage: $0 PARTITION JOB_NAME CONFIG WORK_DIR [tools/train.py arguments]" >&2
@@ -45,6 +46,15 @@ for arg in "$@"; do
   [[ "$arg" == --work-dir=* ]] && RUN_DIR=${arg#--work-dir=}
   prev=$arg
 done
+# srun's --chdir / -D in SRUN_ARGS moves the tasks: a relative work dir is below it
+prev=""
+for arg in ${SRUN_ARGS}; do
+  [[ "$prev" == --chdir || "$prev" == -D ]] && TASK_DIR=$arg
+  [[ "$arg" == --chdir=* ]] && TASK_DIR=${arg#--chdir=}
+  [[ "$arg" == -D?* ]] && TASK_DIR=${arg#-D}
+  prev=$arg
+done
+[[ -n "${TASK_DIR:-}" && "$RUN_DIR" != /* ]] && RUN_DIR="$TASK_DIR/$RUN_DIR"
 MARKER="$RUN_DIR/preempted"  # inline_mm.engine.PREEMPTED_MARKER
 restarts=0
 while true; do
