@@ -106,6 +106,10 @@ for device in os.environ['OPS_DEVICES'].split():
     scores = torch.tensor([0.9, 0.8, 0.7], device=device)
     keep = nms(boxes, scores, 0.5)[1]
     assert keep.tolist() == [0, 2], keep
+    # per class: the overlapping box of another class stays
+    keep = batched_nms(boxes[[0, 1, 2, 1]], torch.cat([scores, scores[-1:] - 0.1]),
+                       torch.tensor([0, 0, 0, 1], device=device), dict(iou_threshold=0.5))[1]
+    assert keep.tolist() == [0, 2, 3], keep
     feat = torch.arange(64., device=device).view(1, 1, 8, 8)
     rois = torch.tensor([[0., 0., 0., 4., 4.]], device=device)
     assert RoIAlign((2, 2), 1.0, 2)(feat, rois).shape == (1, 1, 2, 2)

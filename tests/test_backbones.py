@@ -385,6 +385,39 @@ def test_three_stage_models_build_run_and_convert(cls, kwargs, channels, tmp_pat
         assert set(model.convert_checkpoint(state)) == set(model.state_dict())
 
 
+def test_a_new_attention_kind_gets_its_window_from_the_kind_in_swin(monkeypatch):
+    """InLine-Swin takes every letter of ATTENTION_KINDS and gives a kind the InLine window
+    or the softmax window by its ``wide_windows``, not by its letter; CSwin's own blocks
+    refuse a kind they do not have."""
+    from inline_mm.models.layers.inline_attention import InLineAttention
+    from inline_mm.models.layers.softmax_attention import WindowAttention
+
+    class ScaledInLine(InLineAttention):  # wide_windows inherited (True)
+        pass
+
+    class NarrowSoftmax(WindowAttention):  # wide_windows False
+        pass
+
+    monkeypatch.setitem(blocks_module.ATTENTION_KINDS, 'L', ScaledInLine)
+    monkeypatch.setitem(blocks_module.ATTENTION_KINDS, 'N', NarrowSoftmax)
+    model = InLineSwin(arch='tiny', depths=[2, 2, 1, 1], attn_type='LNIS',
+                       inline_window=(8, 24)).eval()
+    blocks = [b for layer in model.layers for b in layer.blocks]
+    assert [type(b.attn).__name__ for b in blocks] == [
+        'ScaledInLine', 'ScaledInLine', 'NarrowSoftmax', 'NarrowSoftmax', 'InLineAttention',
+        'WindowAttention']
+    assert [b.window for b in blocks] == [(8, 24), (8, 24), (7, 7), (7, 7), (8, 24), (7, 7)]
+    assert [b.shift for b in blocks] == [0, 0, (0, 0), (3, 3), 0, (0, 0)]
+    with torch.no_grad():
+        assert model(torch.randn(1, 3, 96, 64))[0].shape == (1, 96, 24, 16)
+    with pytest.raises(ConfigError, match="stage 0 has 'X'; InLineSwin supports 'I', 'S', "
+                                          "'L', 'N', 'M'"):
+        InLineSwin(arch='tiny', depths=[1, 1, 1, 1], attn_type='XSSS')
+    with pytest.raises(ConfigError, match="stage 0 has 'L'; InLineCSWin supports 'I', 'S', "
+                                          "'M'"):
+        InLineCSWin(arch='tiny', depths=[1, 1, 1, 1], attn_type='LSSS')
+
+
 def test_stage_lists_must_match_depths():
     with pytest.raises(ValueError, match=r'num_heads of InLinePVT has 4 entries but depths '
                                          r'\[1, 1, 1\] has 3 stages'):

@@ -6,6 +6,7 @@ import torch.nn as nn
 from timm.layers import DropPath
 from torch import Tensor
 
+from ...errors import ConfigError
 from ...registry import register_model
 from ..converters import convert_cswin
 from ..layers.blocks import TokenMlp
@@ -140,6 +141,10 @@ class CSWinBlock(nn.Module):
         self.norm1 = nn.LayerNorm(dim)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(drop)
+        # CSWin's blocks are its own (LePE stripes or an InLine branch projected inside),
+        # not TransformerBlocks: the kinds of blocks.ATTENTION_KINDS do not apply here
+        if attn_type not in ('I', 'S'):
+            raise ConfigError(f"attn_type of a CSWin block is 'I' or 'S', got {attn_type!r}")
         if attn_type == 'I':
             attns = [CSWinInLineAttention(dim, num_heads, inline_window, kernel_func)]
         elif two_branches:

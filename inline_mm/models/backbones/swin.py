@@ -7,7 +7,7 @@ from torch import Tensor
 
 from ...registry import register_model
 from ..converters import convert_swin
-from ..layers.blocks import PatchEmbed, PatchMerging, TransformerBlock
+from ..layers.blocks import ATTENTION_KINDS, PatchEmbed, PatchMerging, TransformerBlock
 from .arch import (WindowSpec, check_stage_lists, parse_attn_type, per_stage_windows,
                    resolve_arch)
 from .base import InLineBackbone
@@ -81,7 +81,9 @@ class InLineSwin(InLineBackbone):
         self.depths = list(cfg['depths'])
         dims = [cfg['embed_dims'] * 2 ** i for i in range(self.num_stages)]
         self.embed_dims = dims
-        block_types = parse_attn_type(cfg['attn_type'], self.depths, 'ISM', 'InLineSwin')
+        # every kind of the block table, and 'M' (InLine, then softmax, in one stage)
+        block_types = parse_attn_type(cfg['attn_type'], self.depths,
+                                      ''.join(ATTENTION_KINDS) + 'M', 'InLineSwin')
         softmax_window = (window_size, window_size) if isinstance(window_size, int) \
             else tuple(window_size)
         # half a window along each axis (Swin's shift, per axis for a non-square window)
@@ -99,7 +101,8 @@ class InLineSwin(InLineBackbone):
                 kind = block_types[i][j]
                 blocks.append(TransformerBlock(
                     dims[i], cfg['num_heads'][i], mlp_ratio, attn_type=kind,
-                    window=inline_windows[i] if kind == 'I' else softmax_window,
+                    window=inline_windows[i] if ATTENTION_KINDS[kind].wide_windows
+                    else softmax_window,
                     shift=(0, 0) if j % 2 == 0 else shift,
                     table_window=softmax_window, qkv_bias=qkv_bias, kernel_func=kernel_func,
                     drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[cur + j],

@@ -10,7 +10,9 @@ A kind (``'I'`` InLine, ``'S'`` window softmax; the table is
   tokens or None, ``bias`` the region bias of shifted / padded windows (a tensor or a
   function of a dtype) or None;
 * ``shifted_windows``: whether the block's windows take its shift;
-* ``region_bias``: whether the windowing builds the region bias for it.
+* ``region_bias``: whether the windowing builds the region bias for it;
+* ``wide_windows``: whether a family gives it its InLine window (large: the cost is
+  linear in the window's tokens) instead of the softmax window (InLine-Swin's choice).
 
 The block then runs every kind the same way (:func:`~.windows.run_in_windows`).
 """
@@ -44,6 +46,8 @@ class AttentionKind:
     shifted_windows: bool = False
     #: padding and shifted regions are separated by a region bias (built for the kind)
     region_bias: bool = False
+    #: the family's InLine window, not its softmax window (cost linear in the window's tokens)
+    wide_windows: bool = False
 
     @classmethod
     def for_block(cls, args: BlockArgs) -> 'AttentionKind':

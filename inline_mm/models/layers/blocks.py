@@ -103,7 +103,8 @@ class PatchMerging(nn.Module):
 
 
 #: the attention kinds of a block, by the letter of ``attn_type`` (the interface:
-#: :mod:`.attention_kind`); a new kind goes in here and in the families' allowed letters
+#: :mod:`.attention_kind`); a new kind goes in here (InLine-Swin accepts every letter of
+#: this table; InLine-PVT and InLine-DeiT build InLine blocks only, InLine-CSwin its own)
 ATTENTION_KINDS: Dict[str, Type[AttentionKind]] = {'I': InLineAttention, 'S': WindowAttention}
 
 

@@ -289,6 +289,7 @@ class InLineAttention(InLineCore, AttentionKind):
 
     shifted_windows = False  # a shifted InLine window would mix wrapped-around borders
     region_bias = False  # padding is masked through ``valid``
+    wide_windows = True  # linear in the window's tokens: the family's large InLine window
 
     @classmethod
     def for_block(cls, args: BlockArgs) -> 'InLineAttention':
@@ -311,15 +312,15 @@ class InLineAttention(InLineCore, AttentionKind):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: Tensor, hw: Tuple[int, int], valid: Optional[Tensor] = None,
+    def forward(self, x: Tensor, window: Tuple[int, int], valid: Optional[Tensor] = None,
                 bias: Optional[object] = None) -> Tensor:
-        """``x``: ``(B, N, C)`` normed tokens on an ``hw`` grid (after prefix tokens);
-        ``valid``: ``(B, N)`` real (not padded) tokens or None; ``bias`` is the block
-        interface's region bias, which InLine does not use."""
+        """``x``: ``(B, N, C)`` normed tokens of windows of size ``window`` (after prefix
+        tokens); ``valid``: ``(B, N)`` real (not padded) tokens or None; ``bias`` is the
+        block interface's region bias, which InLine does not use."""
         if self.separate_q:
             q = self.q(x)
             k, v = self.kv(x).chunk(2, dim=-1)
         else:
             q, k, v = self.qkv(x).chunk(3, dim=-1)
-        out, v_mean = self.attend(q, k, v, x, hw, valid)
+        out, v_mean = self.attend(q, k, v, x, window, valid)
         return self.proj_drop(project_with_mean(self.proj, out, v_mean))
