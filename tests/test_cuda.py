@@ -224,8 +224,9 @@ def test_backbone_benchmark_on_the_gpu(tmp_path, monkeypatch):
     def cpu_only(*args, **kwargs):
         raise AssertionError('the CPU memory measurement ran on a GPU run')
 
-    monkeypatch.setattr(benchmark, 'reset_peak_rss', cpu_only)
-    monkeypatch.setattr(benchmark, '_child_peak', cpu_only)
+    import _bench_memory
+    monkeypatch.setattr(_bench_memory, 'reset_peak_rss', cpu_only)
+    monkeypatch.setattr(_bench_memory, '_child_peak', cpu_only)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

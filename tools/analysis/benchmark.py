@@ -77,7 +77,8 @@ import torch.nn as nn  # noqa: E402
 from _bench_common import (COUNTERPARTS, MMDET_BACKBONES, add_peak_args,  # noqa: E402,F401
                            autocast, build_backbone, build_from_config, count_macs,
                            cpu_record, cuda_missing, latency_ms, load, matmul_peak_gflops,
-                           num_params, peak_memory_mb, precision, slope, sync)
+                           num_params, precision, slope, sync)
+from _bench_memory import peak_memory_mb  # noqa: E402
 from _bench_onnx import time_onnxruntime_rows  # noqa: E402
 from _bench_report import plot, print_table, summarise  # noqa: E402
 
