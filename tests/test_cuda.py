@@ -53,7 +53,8 @@ def need_dtype(dtype: str) -> None:
 @pytest.fixture(scope='module')
 def mmcv_cuda_ops():
     """Skip (with the reason) where mmcv's RoIAlign / NMS have no CUDA kernels."""
-    missing = benchmark_train.mmcv_cuda_ops_missing()
+    from _bench_common import mmcv_cuda_ops_missing
+    missing = mmcv_cuda_ops_missing()
     if missing:
         pytest.skip(missing)
 

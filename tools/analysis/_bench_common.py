@@ -3,7 +3,8 @@
 * the models they build by name or from a config (:func:`load`), the softmax
   backbones of mmdet that stand beside the InLine ones (:data:`MMDET_BACKBONES`);
 * the precision a model runs in (:func:`precision`), device synchronisation,
-  timing statistics (:func:`quartiles`);
+  timing statistics (:func:`quartiles`), why the GPU cannot be used
+  (:func:`cuda_missing`, :func:`mmcv_cuda_ops_missing`);
 * the machine: the matmul peak per dtype (:func:`matmul_peak_gflops`) and the
   CPU record every result file carries (:func:`cpu_record`);
 * FLOP counts (:func:`count_macs`) and the log-log slope of latency against pixels.
@@ -193,6 +194,29 @@ def cuda_missing(fix: str = 'pass --device cpu') -> Optional[str]:
         f'built for CUDA {torch.version.cuda}, but no GPU or driver is visible'
     return (f'no CUDA device: torch {torch.__version__} is {build} '
             f'(torch.cuda.is_available() is False); {fix}')
+
+
+def mmcv_cuda_ops_missing() -> Optional[str]:
+    """Why mmcv's RoIAlign / NMS cannot run on the GPU here (one line), or None.
+
+    An mmcv built without CUDA kernels (``FORCE_CUDA=0``, as a CPU machine
+    builds it) imports fine and fails only inside the first RoI head.
+    """
+    try:
+        from mmcv.ops import nms, roi_align
+        feats = torch.rand(1, 2, 8, 8, device='cuda')
+        rois = torch.tensor([[0., 1., 1., 6., 6.]], device='cuda')
+        roi_align(feats, rois, (2, 2), 1.0, 0, 'avg', True)
+        boxes = torch.tensor([[0., 0., 4., 4.], [1., 1., 5., 5.]], device='cuda')
+        nms(boxes, torch.tensor([0.9, 0.8], device='cuda'), 0.5)
+        torch.cuda.synchronize()
+    except Exception as err:  # noqa: BLE001  (any failure means: no usable CUDA ops)
+        import mmcv
+        first = ' '.join(str(err).strip().splitlines()[0].split()) if str(err).strip() else ''
+        return (f'mmcv {mmcv.__version__} has no usable CUDA ops here ({type(err).__name__}: '
+                f'{first[:200]}); install an mmcv built with CUDA (MMCV_WITH_OPS=1 '
+                f'FORCE_CUDA=1, or an OpenMMLab wheel for this torch and CUDA)')
+    return None
 
 
 def quartiles(times: List[float]) -> Tuple[float, float, float]:

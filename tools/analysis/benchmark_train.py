@@ -54,7 +54,7 @@ import os.path as osp
 import sys
 import time
 import warnings
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -66,7 +66,8 @@ from mmengine.optim import build_optim_wrapper  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 
 from _bench_common import (MMDET_BACKBONES, add_peak_args, cpu_record,  # noqa: E402
-                           cuda_missing, describe_cpu, quartiles, sync)  # (same folder)
+                           cuda_missing, describe_cpu, mmcv_cuda_ops_missing, quartiles,
+                           sync)  # (same folder)
 from inline_mm.engine.amp import configure_amp, configure_fp32  # noqa: E402
 from inline_mm.engine.cli_sizes import add_size_option, format_size  # noqa: E402
 from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
@@ -111,29 +112,6 @@ def parse_args(argv=None):
     if args.device == 'cpu' and 'fp16' in args.dtypes:
         parser.error("--dtypes fp16 is the GPU's --amp (AmpOptimWrapper): add --device cuda")
     return args
-
-
-def mmcv_cuda_ops_missing() -> Optional[str]:
-    """Why mmcv's RoIAlign / NMS cannot run on the GPU here (one line), or None.
-
-    An mmcv built without CUDA kernels (``FORCE_CUDA=0``, as a CPU machine
-    builds it) imports fine and fails only inside the first RoI head.
-    """
-    try:
-        from mmcv.ops import nms, roi_align
-        feats = torch.rand(1, 2, 8, 8, device='cuda')
-        rois = torch.tensor([[0., 1., 1., 6., 6.]], device='cuda')
-        roi_align(feats, rois, (2, 2), 1.0, 0, 'avg', True)
-        boxes = torch.tensor([[0., 0., 4., 4.], [1., 1., 5., 5.]], device='cuda')
-        nms(boxes, torch.tensor([0.9, 0.8], device='cuda'), 0.5)
-        torch.cuda.synchronize()
-    except Exception as err:  # noqa: BLE001  (any failure means: no usable CUDA ops)
-        import mmcv
-        first = ' '.join(str(err).strip().splitlines()[0].split()) if str(err).strip() else ''
-        return (f'mmcv {mmcv.__version__} has no usable CUDA ops here ({type(err).__name__}: '
-                f'{first[:200]}); install an mmcv built with CUDA (MMCV_WITH_OPS=1 '
-                f'FORCE_CUDA=1, or an OpenMMLab wheel for this torch and CUDA)')
-    return None
 
 
 # the parts of a two-stage detector whose forward time --breakdown reports

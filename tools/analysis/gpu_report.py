@@ -240,7 +240,8 @@ def run_backbones(args, out: str) -> dict:
 
 def run_training(args, out: str) -> dict:
     import benchmark_train
-    missing = benchmark_train.mmcv_cuda_ops_missing()
+    from _bench_common import mmcv_cuda_ops_missing
+    missing = mmcv_cuda_ops_missing()
     if missing:
         return dict(skipped=missing)
     parts = []
