@@ -7,6 +7,7 @@ tests/plugins/fault_hooks.py, added to the config of the run.
 """
 import glob
 import json
+import logging
 import os
 import shutil
 import signal
@@ -22,7 +23,8 @@ from conftest import (REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, assert_same_weights
 from conftest import scalars as all_scalars
 
 from inline_mm.engine.atomic_io import atomic_write
-from inline_mm.engine.checkpoint_files import checkpoint_problem, newest_readable_checkpoint
+from inline_mm.engine.checkpoint_files import (checkpoint_problem, newest_readable_checkpoint,
+                                               point_to, read_pointer)
 from inline_mm.engine.signals import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
 
 CONFIG, TRAIN = TOY_DET_CONFIG, TRAIN_TOOL
@@ -200,6 +202,30 @@ def test_newest_readable_checkpoint_skips_torn_files(tmp_path):
     (tmp_path / 'last_checkpoint').write_text(torn)
     assert checkpoint_problem(good) is None and checkpoint_problem(torn)
     assert newest_readable_checkpoint(str(tmp_path)) == good
+
+
+def test_the_last_checkpoint_pointer_is_read_and_set(tmp_path, caplog):
+    """read_pointer: None without the file, '' for an empty one; point_to writes the name
+    (atomically: no temp file left), leaves an equal pointer untouched and removes it,
+    with a warning, when there is nothing readable to name."""
+    folder, pointer = str(tmp_path), tmp_path / 'last_checkpoint'
+    assert read_pointer(folder) is None
+    pointer.write_text('')
+    assert read_pointer(folder) == ''
+    point_to(folder, str(tmp_path / 'iter_4.pth'))
+    assert read_pointer(folder) == str(tmp_path / 'iter_4.pth')
+    assert sorted(os.listdir(folder)) == ['last_checkpoint']
+    mtime = os.stat(pointer).st_mtime_ns
+    os.utime(pointer, ns=(mtime - 10 ** 9, mtime - 10 ** 9))
+    point_to(folder, str(tmp_path / 'iter_4.pth'))
+    assert os.stat(pointer).st_mtime_ns == mtime - 10 ** 9  # not written again
+    logger = logging.getLogger('pointer-test')
+    with caplog.at_level(logging.WARNING, logger='pointer-test'):
+        point_to(folder, None, logger)
+    assert not pointer.exists()
+    assert f'--resume: removed {pointer}, which names no readable checkpoint' in caplog.text
+    point_to(folder, None, logger)  # nothing to remove
+    assert not pointer.exists()
 
 
 # -- checkpoints -----------------------------------------------------------------------------

@@ -8,6 +8,8 @@ module adds:
   project's safe loader for other files), nothing unpickled from zip checkpoints;
 * :func:`newest_readable_checkpoint`: the newest intact one among the pointer's file
   and the files of the checkpoint name template, each newer unreadable one logged;
+* :func:`read_pointer` / :func:`point_to`: the ``last_checkpoint`` pointer, read and
+  set (written atomically);
 * :class:`CheckpointWriteError`: what a failed checkpoint write raises;
 * :func:`hold_best_checkpoints` / :func:`settle_held_best` / :func:`recover_held_best`:
   mmengine's ``save_best`` deletes the previous best checkpoint before it writes
@@ -68,6 +70,32 @@ def _template_regex(filename_tmpl: str) -> 're.Pattern[str]':
     return re.compile(_template_pattern(filename_tmpl))
 
 
+def read_pointer(folder: str) -> Optional[str]:
+    """What the ``last_checkpoint`` file of ``folder`` names ('' when it is empty, None
+    when there is no such file)."""
+    path = osp.join(folder, 'last_checkpoint')
+    if not osp.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip()
+
+
+def point_to(folder: str, choice: Optional[str], logger: Any = None) -> None:
+    """Make ``last_checkpoint`` name ``choice`` (or remove it for None), where it does not.
+
+    mmengine's ``--resume`` without a file (``resume=True``, no ``load_from``)
+    resumes from what this pointer names, and from nothing when it is absent.
+    """
+    if read_pointer(folder) == choice:
+        return
+    pointer = osp.join(folder, 'last_checkpoint')
+    if choice is not None:
+        atomic_write(choice, pointer)
+    elif osp.isfile(pointer):
+        _warn(logger, f'--resume: removed {pointer}, which names no readable checkpoint')
+        os.remove(pointer)
+
+
 def newest_readable_checkpoint(folder: str, filename_tmpl: str = 'iter_{}.pth',
                                logger: Any = None) -> Optional[str]:
     """The newest intact checkpoint of ``folder`` (None when there is none).
@@ -79,11 +107,7 @@ def newest_readable_checkpoint(folder: str, filename_tmpl: str = 'iter_{}.pth',
     """
     candidates: Dict[str, Tuple[float, int]] = {}
     regex = _template_regex(filename_tmpl)
-    pointer = osp.join(folder, 'last_checkpoint')
-    named = None
-    if osp.isfile(pointer):
-        with open(pointer) as f:
-            named = f.read().strip() or None
+    named = read_pointer(folder) or None
     if osp.isdir(folder):
         for name in os.listdir(folder):
             match = regex.match(name)

@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from inline_mm.engine.checkpoint_files import read_pointer
 from inline_mm.errors import (CheckpointError, CheckpointMismatchError, ConfigError, DataError,
                               MissingFileError)
 
@@ -75,15 +76,14 @@ def alias_target(path: str) -> Optional[str]:
 
 
 # ------------------------------------------------------------------ reading a work dir
-def _read_pointer(work_dir: str) -> Optional[str]:
-    pointer = osp.join(work_dir, 'last_checkpoint')
-    if not osp.isfile(pointer):
+def _pointed_checkpoint(work_dir: str) -> Optional[str]:
+    """The checkpoint ``last_checkpoint`` names, in ``work_dir`` when it has that file."""
+    path = read_pointer(work_dir)
+    if not path:
         return None
-    with open(pointer) as f:
-        path = f.read().strip()
     # the pointer holds the path the run saw: a copied or moved work dir has its own file
     own = osp.join(work_dir, osp.basename(path))
-    return (own if osp.isfile(own) else path) or None
+    return own if osp.isfile(own) else path
 
 
 def _ckpt_iteration(path: str) -> int:
@@ -221,7 +221,7 @@ def _find_checkpoint(work_dir: str, which: str) -> str:
                 f'work dir {work_dir} has no best_*.pth checkpoint (the run had no '
                 f'default_hooks.checkpoint.save_best): publish the last one (--checkpoint last)')
         return best[-1]
-    path = _read_pointer(work_dir)
+    path = _pointed_checkpoint(work_dir)
     if path is None:
         found = sorted(glob.glob(osp.join(work_dir, 'iter_*.pth')) +
                        glob.glob(osp.join(work_dir, 'epoch_*.pth')), key=_ckpt_iteration)

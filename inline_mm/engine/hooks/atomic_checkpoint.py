@@ -22,7 +22,8 @@ from mmengine.runner import FlexibleRunner
 
 from ..atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
 from ..checkpoint_files import (CheckpointWriteError, hold_best_checkpoints,
-                                newest_readable_checkpoint, recover_held_best, settle_held_best)
+                                newest_readable_checkpoint, point_to, read_pointer,
+                                recover_held_best, settle_held_best)
 from .rng_state import RNGStateHook
 from .runner_access import check_rank0_saves, save_through_strategy, scope_load_or_resume
 
@@ -70,33 +71,6 @@ def _best_records(runner) -> dict:
 def _is_local(path) -> bool:
     """Whether ``path`` is on the local file system (not a ``scheme://`` storage)."""
     return '://' not in str(path)
-
-
-def _read_pointer(folder: str) -> Optional[str]:
-    """What the ``last_checkpoint`` file of ``folder`` names (None: no file)."""
-    path = osp.join(folder, 'last_checkpoint')
-    if not osp.isfile(path):
-        return None
-    with open(path) as f:
-        return f.read().strip()
-
-
-def _point_to(runner, choice: Optional[str]) -> None:
-    """Make ``last_checkpoint`` name ``choice`` (or remove it for None), where it does not.
-
-    mmengine's ``--resume`` without a file (``resume=True``, no ``load_from``)
-    resumes from what this pointer names, and from nothing when it is absent.
-    """
-    folder = runner.work_dir
-    if _read_pointer(folder) == choice:
-        return
-    pointer = osp.join(folder, 'last_checkpoint')
-    if choice is not None:
-        atomic_write(choice, pointer)
-    elif osp.isfile(pointer):
-        runner.logger.warning(f'--resume: removed {pointer}, which names no readable '
-                              f'checkpoint')
-        os.remove(pointer)
 
 
 @HOOKS.register_module()
@@ -177,11 +151,11 @@ class AtomicCheckpointHook(CheckpointHook):
                                       f'training starts from the beginning')
             else:
                 runner.logger.info(f'--resume: resuming from {choice[0]}')
-            _point_to(runner, choice[0])
+            point_to(runner.work_dir, choice[0], runner.logger)
         if get_world_size() > 1:  # after rank 0 wrote the pointer
             broadcast_object_list(choice)
             if not is_main_process():  # a work dir of this node's own
-                _point_to(runner, choice[0])
+                point_to(runner.work_dir, choice[0], runner.logger)
 
     def before_train(self, runner) -> None:
         if isinstance(runner, FlexibleRunner):  # saves come in training only
@@ -397,7 +371,7 @@ def _preempt_checkpoints(hook: CheckpointHook) -> List[str]:
 
 
 def _previous_checkpoints(runner, failed: str) -> List[str]:
-    named = _read_pointer(runner.work_dir)
+    named = read_pointer(runner.work_dir)
     if named and named != failed and osp.isfile(named):
         return [named]
     return []
