@@ -25,6 +25,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from timm.layers import DropPath  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from inline_mm import InLinePVT  # noqa: E402
@@ -58,8 +59,13 @@ def main() -> None:
                             timeout=timedelta(seconds=120))
     try:
         torch.manual_seed(0)  # the same weights on every rank
-        # no drop path: DDP's forward and the reference's would drop different blocks
+        # no drop path: DDP's forward and the reference's would drop different blocks (and
+        # pass or fail by the seed)
         model = InLinePVT(arch='tiny', depths=[1, 1, 1, 1], drop_path_rate=0.).to(device)
+        random_layers = [type(m).__name__ for m in model.modules()
+                         if isinstance(m, (DropPath, torch.nn.Dropout)) and m.training and
+                         (getattr(m, 'drop_prob', 0) or getattr(m, 'p', 0))]
+        assert not random_layers, f'the step check needs a deterministic forward: {random_layers}'
         reference = copy.deepcopy(model)
         ddp = DistributedDataParallel(model, device_ids=[device.index] if device.index is not
                                       None else None)

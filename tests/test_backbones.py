@@ -416,6 +416,23 @@ def test_a_new_attention_kind_gets_its_window_from_the_kind_in_swin(monkeypatch)
     with pytest.raises(ConfigError, match="stage 0 has 'L'; InLineCSWin supports 'I', 'S', "
                                           "'M'"):
         InLineCSWin(arch='tiny', depths=[1, 1, 1, 1], attn_type='LSSS')
+    from inline_mm.models.backbones.cswin import CSWinBlock
+    with pytest.raises(ConfigError, match="attn_type of a CSWin block is 'I' or 'S', got 'L'"):
+        CSWinBlock(64, 2, 4., True, 'L', 7, True, (56, 56))
+
+    class ShiftedWide(ScaledInLine):
+        shifted_windows = True
+
+    monkeypatch.setitem(blocks_module.ATTENTION_KINDS, 'W', ShiftedWide)
+    with pytest.raises(ConfigError, match="attention kind 'W' asks for wide windows and a "
+                                          "shift: InLine-Swin shifts by half its softmax window"):
+        InLineSwin(arch='tiny', depths=[1, 1, 1, 1], attn_type='SWSS')
+
+
+def test_attention_kind_letters_fit_attn_type():
+    """Every kind's key is one capital letter other than 'M' (attn_type's mixed stage)."""
+    import re
+    assert all(re.fullmatch(r'[A-LN-Z]', k) for k in blocks_module.ATTENTION_KINDS)
 
 
 def test_stage_lists_must_match_depths():

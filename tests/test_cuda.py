@@ -222,12 +222,15 @@ def test_cswin_stripes_without_padding_run_flash_attention(dtype):
 @on_gpu
 def test_backbone_benchmark_on_the_gpu(tmp_path, monkeypatch):
     """GPU rows: CUDA allocator memory (no RSS child process), threads left alone."""
+    import types
+
+    import _bench_memory
+
     def cpu_only(*args, **kwargs):
         raise AssertionError('the CPU memory measurement ran on a GPU run')
 
-    import _bench_memory
-    monkeypatch.setattr(_bench_memory, 'reset_peak_rss', cpu_only)
-    monkeypatch.setattr(_bench_memory, '_child_peak', cpu_only)
+    # the CPU measurement is a child process: starting one is what must not happen
+    monkeypatch.setattr(_bench_memory, 'subprocess', types.SimpleNamespace(run=cpu_only))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -169,6 +169,15 @@ def test_a_relative_work_dir_is_read_below_sruns_chdir(tmp_path, srun_args):
     assert not (tasks / 'work' / PREEMPTED_MARKER).exists()
 
 
+def test_a_task_dir_in_the_environment_does_not_move_the_marker(tmp_path, monkeypatch):
+    """Only SRUN_ARGS' --chdir moves a relative work dir: a TASK_DIR the user's environment
+    happens to export is not read."""
+    monkeypatch.setenv('TASK_DIR', str(tmp_path / 'elsewhere'))
+    proc, _, requeues = slurm_train(tmp_path, 'preempted-killed', job_id='5', work_dir='work')
+    assert proc.returncode == PREEMPTED_EXIT_CODE, proc.stderr
+    assert requeues == ['requeue 5']
+
+
 def test_the_script_reads_the_marker_the_hook_writes():
     with open(SLURM_TRAIN) as f:
         assert f'MARKER="$RUN_DIR/{PREEMPTED_MARKER}"' in f.read()

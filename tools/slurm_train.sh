@@ -48,6 +48,7 @@ for arg in "$@"; do
 done
 # srun's --chdir / -D in SRUN_ARGS moves the tasks: a relative work dir is below it
 prev=""
+TASK_DIR=""  # from SRUN_ARGS only, never from the environment
 for arg in ${SRUN_ARGS}; do
   [[ "$prev" == --chdir || "$prev" == -D ]] && TASK_DIR=$arg
   [[ "$arg" == --chdir=* ]] && TASK_DIR=${arg#--chdir=}

@@ -29,6 +29,7 @@ from mmengine.registry import MODEL_WRAPPERS, STRATEGIES
 
 from ..errors import ConfigError, UserInputError
 from .bad_samples import remove_bad_sample_records
+from .checkpoint_files import read_pointer
 from .hooks.runner_access import names_flexible_runner
 from .signals import PREEMPTED_EXIT_CODE
 
@@ -161,9 +162,8 @@ def lost_peer_message(err: BaseException, work_dir: Optional[str] = None) -> Opt
         return None
     first = ' '.join(text.strip().splitlines()[0].split()) if text.strip() else type(err).__name__
     resume = 'the newest readable checkpoint of the work dir'
-    if work_dir and os.path.isfile(os.path.join(work_dir, 'last_checkpoint')):
-        with open(os.path.join(work_dir, 'last_checkpoint')) as f:
-            resume = f.read().strip() or resume
+    if work_dir:
+        resume = read_pointer(work_dir) or resume
     return (f'error: lost contact with another training process (process {dist.get_rank()} '
             f'of {dist.get_world_size()}): {first}. A process or node of this job died or '
             f'stopped answering (a silent peer is given up after env_cfg.dist_cfg.timeout '

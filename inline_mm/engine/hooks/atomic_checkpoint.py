@@ -20,7 +20,7 @@ from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 from mmengine.runner import FlexibleRunner
 
-from ..atomic_io import ATOMIC_BACKEND, atomic_write, remove_stale_temp_files
+from ..atomic_io import ATOMIC_BACKEND, remove_stale_temp_files
 from ..checkpoint_files import (CheckpointWriteError, hold_best_checkpoints,
                                 newest_readable_checkpoint, point_to, read_pointer,
                                 recover_held_best, settle_held_best)
@@ -339,7 +339,7 @@ def _write_checkpoint(hook: CheckpointHook, runner, filename: str, meta: dict,
                     save_optimizer=hook.save_optimizer,
                     save_param_scheduler=hook.save_param_scheduler, meta=meta,
                     by_epoch=hook.by_epoch, backend_args=backend_args, **hook.args)
-            atomic_write(path, osp.join(runner.work_dir, 'last_checkpoint'))
+            point_to(runner.work_dir, path)
         except Exception as err:  # every rank learns of it below
             error = err
     previous = _previous_checkpoints(runner, path) if error is not None else []

@@ -5,6 +5,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from ...errors import ConfigError
 from ...registry import register_model
 from ..converters import convert_swin
 from ..layers.blocks import ATTENTION_KINDS, PatchEmbed, PatchMerging, TransformerBlock
@@ -84,6 +85,10 @@ class InLineSwin(InLineBackbone):
         # every kind of the block table, and 'M' (InLine, then softmax, in one stage)
         block_types = parse_attn_type(cfg['attn_type'], self.depths,
                                       ''.join(ATTENTION_KINDS) + 'M', 'InLineSwin')
+        for letter in sorted({k for stage in block_types for k in stage}):
+            if ATTENTION_KINDS[letter].wide_windows and ATTENTION_KINDS[letter].shifted_windows:
+                raise ConfigError(f"attention kind {letter!r} asks for wide windows and a shift: "
+                                  f"InLine-Swin shifts by half its softmax window only")
         softmax_window = (window_size, window_size) if isinstance(window_size, int) \
             else tuple(window_size)
         # half a window along each axis (Swin's shift, per axis for a non-square window)

@@ -12,7 +12,8 @@ A kind (``'I'`` InLine, ``'S'`` window softmax; the table is
 * ``shifted_windows``: whether the block's windows take its shift;
 * ``region_bias``: whether the windowing builds the region bias for it;
 * ``wide_windows``: whether a family gives it its InLine window (large: the cost is
-  linear in the window's tokens) instead of the softmax window (InLine-Swin's choice).
+  linear in the window's tokens) instead of the softmax window (InLine-Swin's choice;
+  its shift is half the softmax window, so a wide kind takes none).
 
 The block then runs every kind the same way (:func:`~.windows.run_in_windows`).
 """

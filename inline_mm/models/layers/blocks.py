@@ -103,8 +103,9 @@ class PatchMerging(nn.Module):
 
 
 #: the attention kinds of a block, by the letter of ``attn_type`` (the interface:
-#: :mod:`.attention_kind`); a new kind goes in here (InLine-Swin accepts every letter of
-#: this table; InLine-PVT and InLine-DeiT build InLine blocks only, InLine-CSwin its own)
+#: :mod:`.attention_kind`); a new kind goes in here under one capital letter other than
+#: 'M' (``attn_type``'s mixed stage).  InLine-Swin accepts every letter of this table;
+#: InLine-PVT and InLine-DeiT build InLine blocks only, InLine-CSwin blocks of its own
 ATTENTION_KINDS: Dict[str, Type[AttentionKind]] = {'I': InLineAttention, 'S': WindowAttention}
 
 
