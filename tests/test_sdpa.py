@@ -10,6 +10,7 @@ outputs must agree to 1e-5 for every window case: shifted, padded (odd sizes),
 clipped (maps smaller than the window), non-square windows, 'M<k>' hybrid
 stages, CSwin stripes and its global last stage.
 """
+import importlib
 import math
 
 import pytest
@@ -288,3 +289,58 @@ def test_explicit_softmax_switch_for_benchmarks(sdpa_calls):
         assert sdpa_calls
     for a, b in zip(fused, explicit):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_masks_handed_to_sdpa_have_a_unit_last_stride(monkeypatch):
+    """CUDA's fused kernels (flash, memory-efficient) take only masks whose last stride is
+    1; with any other they decline and the math kernel runs.  Every mask the softmax blocks
+    hand over qualifies: the position bias alone (224: Swin's windows tile the maps, several
+    heads per stage), with the region bias (odd sizes), CSwin's padded stripes."""
+    strides = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, *args, **kwargs):
+        if attn_mask is not None:
+            strides.append((attn_mask.shape[1], attn_mask.stride(-1)))
+        return real(q, k, v, attn_mask, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, 'scaled_dot_product_attention', spy)
+    swin = InLineSwin(**SWIN_CASES['softmax_everywhere']).eval()
+    cswin = InLineCSWin(**CSWIN_CASES['softmax_stripes_everywhere']).eval()
+    with torch.no_grad():
+        for model, size in ((swin, (224, 224)), (swin, (97, 131)), (cswin, (97, 131))):
+            strides.clear()
+            model(torch.randn(1, 3, *size))
+            assert strides, f'{type(model).__name__} at {size}: no masked call'
+            assert max(rows for rows, _ in strides) > 1  # several heads (or windows)
+            assert {stride for _, stride in strides} == {1}, (type(model).__name__, size)
+
+
+def test_contiguous_qkv_for_masked_cuda_calls_before_torch_2_2(monkeypatch):
+    """torch 2.1's memory-efficient CUDA kernel is wrong (fp32) for q / k / v views with a
+    mask: the blocks pass contiguous copies there, and the views elsewhere (no copy)."""
+    module = importlib.import_module('inline_mm.models.layers.softmax_attention')
+    major, minor = (int(v) for v in torch.__version__.split('.')[:2])
+    assert module._TORCH_BEFORE_2_2 == ((major, minor) < (2, 2))
+    check = module.needs_contiguous_qkv
+    assert check('cuda', True, torch_before_2_2=True)
+    assert not check('cuda', False, torch_before_2_2=True)
+    assert not check('cpu', True, torch_before_2_2=True)
+    assert not check('cuda', True, torch_before_2_2=False)
+
+    contiguous = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        contiguous.append(all(t.is_contiguous() for t in (q, k, v)))
+        return real(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, 'scaled_dot_product_attention', spy)
+    attn = WindowAttention(32, 4, (7, 7)).eval()
+    x = torch.randn(2, 49, 32)
+    with torch.no_grad():
+        expected = attn(x, (7, 7))  # the position bias alone: q / k / v views of qkv
+        assert contiguous == [False]
+        monkeypatch.setattr(module, 'needs_contiguous_qkv', lambda device, mask: mask)
+        torch.testing.assert_close(attn(x, (7, 7)), expected)
+    assert contiguous == [False, True]

@@ -56,12 +56,26 @@ def explicit_softmax() -> Iterator[None]:
         _EXPLICIT = previous
 
 
+#: torch 2.1's memory-efficient CUDA kernel returns wrong numbers (fp32) for q / k / v
+#: views that are not contiguous when a mask is given (pytorch#112577, fixed in 2.2).
+_TORCH_BEFORE_2_2 = torch.__version__ < '2.2'  # a TorchVersion: compares as a version
+
+
+def needs_contiguous_qkv(device_type: str, has_mask: bool,
+                         torch_before_2_2: bool = _TORCH_BEFORE_2_2) -> bool:
+    """Whether q / k / v must be made contiguous before the fused operator: on CUDA
+    with a mask under torch < 2.2 (our q / k / v are views of the fused qkv output)."""
+    return torch_before_2_2 and has_mask and device_type == 'cuda'
+
+
 def _attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], dropout_p: float,
             scale: float) -> Tensor:
     if _EXPLICIT or symbolic.is_jit_tracing():
         # A jit trace (mmengine's FLOP counter, ONNX export) records the matmuls: the
         # counter has no rule for the fused operator and would count it as 0 FLOPs.
         return _explicit_attention(q, k, v, attn_mask, dropout_p, scale)
+    if needs_contiguous_qkv(q.device.type, attn_mask is not None):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     return F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, scale=scale)
 
 
@@ -163,7 +177,9 @@ class WindowAttention(nn.Module, AttentionKind):
         """The ``(heads, N, N)`` relative position bias of ``window``."""
         n = window[0] * window[1]
         bias = self.relative_position_bias_table[self._index(window).view(-1)]
-        return bias.view(n, n, -1).permute(2, 0, 1)
+        # contiguous: CUDA's fused kernels take only masks whose last stride is 1
+        # (with the permuted view they all decline and the math kernel runs)
+        return bias.view(n, n, -1).permute(2, 0, 1).contiguous()
 
     def forward(self, x: Tensor, window: Tuple[int, int], valid: Optional[Tensor] = None,
                 bias: Optional[object] = None) -> Tensor:
