@@ -466,44 +466,44 @@ def test_cpu_autocast_wrapper_autocasts_a_gpu_model_on_its_device():
 
 
 # ------------------------------------------------------------------- NCCL
+def run_ddp_step_worker(out, backend: str, *args: str, **env: str):
+    """Two ranks of tests/ddp_step_worker.py under torchrun, writing their result to ``out``."""
+    return subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+                           '--master_addr', '127.0.0.1', '--master_port', str(free_port()),
+                           DDP_WORKER, '--backend', backend, *args, '--out', str(out)],
+                          capture_output=True, text=True, env=dict(tool_env(), **env),
+                          cwd=REPO_ROOT, timeout=300)
+
+
+def check_ddp_step(out, backend: str, grad_tolerance: float) -> None:
+    """DDP's gradients equal the mean of the ranks' own, the weights stay equal."""
+    result = json.loads(out.read_text())
+    assert result['world_size'] == 2 and result['backend'] == backend
+    assert result['local_grads_differ'] > 0  # the ranks had batches of their own
+    assert result['grad_rel_err'] < grad_tolerance
+    assert result['weight_diff'] == 0.0
+
+
 @on_gpu
 def test_two_process_nccl_ddp_step(tmp_path):
     """Two NCCL ranks: DDP's gradients equal the mean of the ranks' own, weights stay equal."""
     if not torch.distributed.is_nccl_available():
         pytest.skip('this torch has no NCCL backend')
-    out = tmp_path / 'ddp.json'
-    run = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
-                          '--master_addr', '127.0.0.1', '--master_port', str(free_port()),
-                          DDP_WORKER, '--backend', 'nccl', '--out', str(out)],
-                         capture_output=True, text=True, env=dict(tool_env(), NCCL_DEBUG='WARN'),
-                         cwd=REPO_ROOT, timeout=300)
+    run = run_ddp_step_worker(tmp_path / 'ddp.json', 'nccl', NCCL_DEBUG='WARN')
     text = run.stdout + run.stderr
     if run.returncode and torch.cuda.device_count() < 2 and 'Duplicate GPU' in text:
         pytest.skip('NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): the '
                     'two-process NCCL step needs 2 GPUs')
     assert run.returncode == 0, text[-3000:]
-    result = json.loads(out.read_text())
-    assert result['world_size'] == 2 and result['backend'] == 'nccl'
-    assert result['local_grads_differ'] > 0  # the ranks had batches of their own
-    assert result['grad_rel_err'] < 1e-3
-    assert result['weight_diff'] == 0.0
+    check_ddp_step(tmp_path / 'ddp.json', 'nccl', grad_tolerance=1e-3)
 
 
 @pytest.mark.slow
 def test_two_process_gloo_ddp_step_on_the_cpu(tmp_path):
     """The NCCL test's worker with gloo on the CPU: what it checks holds where CI can run it."""
-    out = tmp_path / 'ddp.json'
-    run = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
-                          '--master_addr', '127.0.0.1', '--master_port', str(free_port()),
-                          DDP_WORKER, '--backend', 'gloo', '--device', 'cpu', '--out', str(out)],
-                         capture_output=True, text=True, env=tool_env(), cwd=REPO_ROOT,
-                         timeout=300)
+    run = run_ddp_step_worker(tmp_path / 'ddp.json', 'gloo', '--device', 'cpu')
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
-    result = json.loads(out.read_text())
-    assert result['world_size'] == 2 and result['backend'] == 'gloo'
-    assert result['local_grads_differ'] > 0
-    assert result['grad_rel_err'] < 1e-5
-    assert result['weight_diff'] == 0.0
+    check_ddp_step(tmp_path / 'ddp.json', 'gloo', grad_tolerance=1e-5)
 
 
 # ------------------------------------------------------------------- on the CPU
