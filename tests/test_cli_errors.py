@@ -27,8 +27,11 @@ def run(*args):
 def one_line_error(out, *fragments):
     assert out.returncode == 2, (out.returncode, out.stderr[-2000:])
     assert 'Traceback' not in out.stderr, out.stderr[-2000:]
-    last = out.stderr.strip().splitlines()[-1]
+    lines = out.stderr.strip().splitlines()
+    last = lines[-1]
     assert last.startswith('error: '), last
+    # nothing else but argparse's usage: no warning (e.g. pkg_resources' deprecation)
+    assert [line for line in lines if 'Warning' in line] == [], out.stderr[-2000:]
     for fragment in fragments:
         assert fragment in last, (fragment, last)
     return last
