@@ -336,3 +336,23 @@ def test_bf16_units_agree_with_torchs_own_detection():
     if not checks or not os.path.exists('/proc/cpuinfo'):
         pytest.skip(f'torch {torch.__version__} has no bf16-unit query, or no /proc/cpuinfo')
     assert cpu_has_fast_bf16() == any(c() for c in checks)
+
+
+def test_cswin_windows_hold_the_autocast_dtype(monkeypatch):
+    """Under bf16 autocast InLine-CSwin partitions its windows in bf16: the fp32 residual
+    stream beside the bf16 projections does not make every window copy fp32."""
+    from inline_mm import InLineCSWin
+    from inline_mm.models.backbones import cswin as cswin_module
+    dtypes = []
+    real = cswin_module.run_in_windows
+
+    def spy(grid, *args, **kwargs):
+        dtypes.append(grid.dtype)
+        return real(grid, *args, **kwargs)
+
+    monkeypatch.setattr(cswin_module, 'run_in_windows', spy)
+    model = InLineCSWin(arch='tiny', embed_dims=32, depths=[2, 2, 2, 1]).eval()
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(1, 3, 97, 131))
+    assert len(dtypes) > 4 and set(dtypes) == {torch.bfloat16}, dtypes
+    assert all(torch.isfinite(o.float()).all() for o in outs)

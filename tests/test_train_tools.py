@@ -13,6 +13,8 @@ import torch
 from conftest import (REPO_ROOT, TOY_DET_CONFIG, TRAIN_TOOL, free_port, scalars,
                       tool_env, toy_det_options)
 
+from inline_mm.errors import ConfigError
+
 
 # subprocess runs (training, a fresh interpreter): the slow tier
 pytestmark = pytest.mark.slow
@@ -193,6 +195,10 @@ def test_cpu_autocast_wrapper_runs_the_forward_in_bf16():
     assert model.weight.dtype == torch.float32 and not torch.equal(model.weight, before)
     with pytest.raises(ValueError, match="'bfloat16' or 'float16'"):
         build_optim_wrapper(model, dict(type='CPUAutocastOptimWrapper', dtype='int8',
+                                        optimizer=dict(type='SGD', lr=0.1)))
+    # fp16 without a loss scaler would flush small gradients to zero
+    with pytest.raises(ConfigError, match="without loss scaling.*dtype='bfloat16'.*--amp"):
+        build_optim_wrapper(model, dict(type='CPUAutocastOptimWrapper', dtype='float16',
                                         optimizer=dict(type='SGD', lr=0.1)))
 
 

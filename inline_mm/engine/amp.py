@@ -31,6 +31,7 @@ from mmengine.registry import OPTIM_WRAPPERS
 from mmengine.structures import BaseDataElement
 from torch.utils.hooks import RemovableHandle
 
+from ..errors import ConfigError
 from .cpu_info import BF16_UNIT_FLAGS, read_cpuinfo
 
 #: submodules a detector runs under autocast on the CPU (outputs back to fp32 for the heads)
@@ -269,7 +270,8 @@ class CPUAutocastOptimWrapper(OptimWrapper):
     only (the training forward), so validation and testing stay fp32.
 
     Args:
-        dtype: ``'bfloat16'`` (default) or ``'float16'``.
+        dtype: ``'bfloat16'`` (the default and the only choice: fp16 needs the loss
+            scaling of mmengine's ``AmpOptimWrapper``, which refuses the CPU).
         parts: names of the submodules to autocast, e.g.
             ``('backbone', 'neck')``; None (default) autocasts the whole
             training forward, losses included.
@@ -292,6 +294,11 @@ class CPUAutocastOptimWrapper(OptimWrapper):
                       'AMX), so the forward runs in fp32 (only_with_bf16_units=True)',
                       logger='current')
         self.cast_dtype = to_dtype(dtype)
+        if self.cast_dtype == torch.float16:
+            raise ConfigError(
+                "CPUAutocastOptimWrapper trains without loss scaling, which fp16 needs (small "
+                "gradients flush to zero): use dtype='bfloat16', or mmengine's "
+                'AmpOptimWrapper on a GPU (tools/train.py --amp)')
         self.parts = ((parts, ) if isinstance(parts, str) else tuple(parts)) if parts else None
         self._handle: Optional[AutocastHandle] = None
 

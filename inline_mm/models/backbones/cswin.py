@@ -45,9 +45,15 @@ def apply_lepe(conv: nn.Conv2d, v: Tensor, window: Tuple[int, int],
 
 def _in_windows(tensors: Sequence[Tensor], hw: Tuple[int, int], window: Window, fn,
                 need_bias: bool) -> Tensor:
-    """Partition several ``(B, N, C)`` tensors into the same windows and apply ``fn``."""
+    """Partition several ``(B, N, C)`` tensors into the same windows and apply ``fn``.
+
+    The windows hold the first tensor's dtype: under autocast the fp32 residual stream
+    passed beside fp16 / bf16 projections would otherwise make the concatenation, and
+    every window copy of it, fp32.
+    """
     b, _, c = tensors[0].shape
-    grid = torch.cat(tensors, dim=-1).view(b, hw[0], hw[1], -1)
+    dtype = tensors[0].dtype
+    grid = torch.cat([t.to(dtype) for t in tensors], dim=-1).view(b, hw[0], hw[1], -1)
 
     def split_and_apply(windows, win, valid, bias):
         return fn(*windows.split(c, dim=-1), win, valid, bias)
