@@ -95,7 +95,9 @@ def softmax_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     kernel.
     """
     if mask is None:
-        attn_mask = None if bias is None else bias.to(q.dtype).unsqueeze(0)
+        # contiguous: CUDA's fused kernels take only masks whose last stride is 1, and
+        # the position bias is a permuted view (a sum with the region mask is a new tensor)
+        attn_mask = None if bias is None else bias.to(q.dtype).contiguous().unsqueeze(0)
         return _attend(q, k, v, attn_mask, dropout_p, scale)
     nw, heads, n = mask.shape[0], q.shape[1], q.shape[2]
     attn_mask = mask.to(q.dtype).unsqueeze(1)  # (nW, 1, N | 1, N)
@@ -177,9 +179,7 @@ class WindowAttention(nn.Module, AttentionKind):
         """The ``(heads, N, N)`` relative position bias of ``window``."""
         n = window[0] * window[1]
         bias = self.relative_position_bias_table[self._index(window).view(-1)]
-        # contiguous: CUDA's fused kernels take only masks whose last stride is 1
-        # (with the permuted view they all decline and the math kernel runs)
-        return bias.view(n, n, -1).permute(2, 0, 1).contiguous()
+        return bias.view(n, n, -1).permute(2, 0, 1)
 
     def forward(self, x: Tensor, window: Tuple[int, int], valid: Optional[Tensor] = None,
                 bias: Optional[object] = None) -> Tensor:
