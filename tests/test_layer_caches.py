@@ -1,5 +1,6 @@
 """The byte-bounded mask / index cache, torch.compile without recompiles, CPU-only chunking."""
 import ast
+import importlib
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import torch
 from inline_mm import InLineSwin
 from inline_mm.models.layers import cache as cache_module
 from inline_mm.models.layers import symbolic
-from inline_mm.models.layers.blocks import TokenMlp, _chunk_on
+from inline_mm.models.layers.blocks import TokenMlp
 from inline_mm.models.layers.cache import CACHE, TensorCache, nbytes
 from inline_mm.models.layers.softmax_attention import WindowAttention
 from inline_mm.models.layers.windows import region_bias, valid_mask
@@ -148,8 +149,8 @@ def test_graph_mode_reads_no_cache(empty_cache, monkeypatch):
 
 
 def test_token_mlp_chunks_only_cpu_tensors():
-    assert _chunk_on(torch.empty(2, 3))
-    assert not _chunk_on(torch.empty(2, 3, device='meta'))
+    assert symbolic.eager_on_cpu(torch.empty(2, 3))
+    assert not symbolic.eager_on_cpu(torch.empty(2, 3, device='meta'))
     mlp = TokenMlp(8, 16).eval()
     mlp.chunk_tokens = 4
     rows = []
@@ -192,3 +193,30 @@ def test_a_jit_trace_leaves_the_cache_alone():
     with torch.no_grad():
         model(torch.randn(1, 3, 97, 131))
     assert isinstance(CACHE.nbytes, int) and len(CACHE) > 0
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('blocked', [True, False])
+def test_tokens_to_nchw_equals_the_permuted_copy(monkeypatch, dtype, blocked):
+    """Both paths of the backbones' output copy (the per-sample blocked transpose of large
+    eager CPU maps, the strided copy otherwise) give the permuted tokens, values and
+    gradients, as a contiguous NCHW map."""
+    # the module (the package exports a function of the same name)
+    inline_attention = importlib.import_module('inline_mm.models.layers.inline_attention')
+    monkeypatch.setattr(inline_attention, 'BLOCKED_TRANSPOSE_MIN_VALUES', 1 if blocked else 1 << 30)
+    monkeypatch.setattr(symbolic, 'in_graph', lambda: False)
+    hw = (5, 7)
+    x = torch.randn(3, hw[0] * hw[1], 6, dtype=dtype, requires_grad=True)
+    got = inline_attention.tokens_to_nchw(x, hw)
+    ref = x.detach().view(3, *hw, 6).permute(0, 3, 1, 2)
+    assert got.is_contiguous() and got.dtype == dtype
+    assert torch.equal(got.detach(), ref)
+    grad = torch.randn_like(got)
+    got.backward(grad)
+    assert torch.equal(x.grad, grad.permute(0, 2, 3, 1).reshape(x.shape))
+    # in a recorded graph the copy of the view, whatever the size (no loop over samples)
+    monkeypatch.setattr(symbolic, 'in_graph', lambda: True)
+    copies = []
+    monkeypatch.setattr(torch.Tensor, 'copy_', lambda *a: copies.append(a) or None)
+    assert torch.equal(inline_attention.tokens_to_nchw(x.detach(), hw), ref)
+    assert not copies

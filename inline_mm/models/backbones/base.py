@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ...errors import ConfigError, MissingFileError
 from ..layers import symbolic
-from ..layers.inline_attention import tokens_to_grid
+from ..layers.inline_attention import tokens_to_nchw
 from ..pretrained import load_pretrained
 from .arch import FAMILIES
 
@@ -190,7 +190,7 @@ class InLineBackbone(BaseModule):
     @staticmethod
     def to_nchw(x: Tensor, hw: Tuple[int, int]) -> Tensor:
         """Tokens -> a contiguous NCHW map (what necks and mmcv's RoIAlign expect)."""
-        return tokens_to_grid(x, hw).contiguous()
+        return tokens_to_nchw(x, hw)
 
     # ------------------------------------------------------------ weights
     @staticmethod

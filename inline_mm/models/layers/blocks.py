@@ -14,18 +14,6 @@ from .windows import Window, pad_image, pad_to_multiple, run_in_windows
 from ...errors import ConfigError
 
 
-def _chunk_on(x: Tensor) -> bool:
-    """Whether :class:`TokenMlp` may split ``x`` into token chunks.
-
-    Only CPU tensors in eager mode: the gain (hidden activations that stay in
-    the CPU's cache) was measured on CPUs only, a GPU runs one large matmul
-    best, and in a recorded graph (``torch.jit`` tracing for FLOP counts,
-    ONNX export, ``torch.compile``) a loop over a size would freeze it.
-    """
-    return (x.device.type == 'cpu' and not symbolic.is_jit_tracing()
-            and not symbolic.in_graph())
-
-
 class TokenMlp(Mlp):
     """timm's ``Mlp`` (same parameters and keys) that runs inference in token chunks.
 
@@ -36,7 +24,9 @@ class TokenMlp(Mlp):
     this keeps the hidden tensor in cache instead of streaming hundreds of MB
     through memory twice, and lowers the peak memory of a forward pass.  The
     result is the same per token; training (autograd on), tensors on other
-    devices than the CPU and recorded graphs take timm's path (:func:`_chunk_on`).
+    devices than the CPU and recorded graphs take timm's path
+    (:func:`~.symbolic.eager_on_cpu`: the gain was measured on CPUs only, a GPU runs one
+    large matmul best, and a recorded graph would freeze the loop over a size).
     """
 
     #: Tokens per chunk: 4096 x 512 fp32 hidden values = 8 MB.
@@ -44,7 +34,7 @@ class TokenMlp(Mlp):
 
     def forward(self, x: Tensor) -> Tensor:
         # the size test last: in a recorded graph it would put a guard on the size
-        if self.training or torch.is_grad_enabled() or not _chunk_on(x):
+        if self.training or torch.is_grad_enabled() or not symbolic.eager_on_cpu(x):
             return super().forward(x)
         num_tokens = x.numel() // x.shape[-1]
         if num_tokens <= 2 * self.chunk_tokens:

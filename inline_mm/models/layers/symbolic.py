@@ -57,6 +57,13 @@ def in_graph() -> bool:
     return is_compiling() or is_onnx_export()
 
 
+def eager_on_cpu(x: Tensor) -> bool:
+    """True for a CPU tensor outside every recorded graph (``torch.jit`` tracing, ONNX
+    export, ``torch.compile``): where Python control flow over a size (a loop over
+    token chunks or samples) costs nothing, since no graph would freeze it."""
+    return x.device.type == 'cpu' and not is_jit_tracing() and not in_graph()
+
+
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],
                 shifts: Sequence[int]) -> Tuple[Tuple[Size, Size], Tuple[Size, Size]]:
     """Traced :func:`~inline_mm.models.layers.windows.clip_window`.
