@@ -1,4 +1,5 @@
 """The shared InLine attention against a direct transcription of the formula."""
+import importlib
 import math
 
 import pytest
@@ -190,3 +191,44 @@ def test_the_value_mean_goes_through_the_projection_apart():
     assert (ref.mean(dim=1).norm() / per_token.norm(dim=-1).mean()) > 10  # the setting
     error = (low - ref) - (low - ref).mean(dim=1, keepdim=True)
     assert error.norm() / per_token.norm() < 0.012
+
+
+@pytest.mark.parametrize('autocast', [False, True])
+@pytest.mark.parametrize('masked', [False, True])
+def test_per_head_path_equals_the_folded_heads(monkeypatch, autocast, masked):
+    """Eager CPU passes with several samples / windows run one head at a time on its
+    channel slice (no copies of q, k, v); the values, value means and gradients are the
+    folded heads' form, which B == 1 and recorded graphs keep."""
+    ia = importlib.import_module('inline_mm.models.layers.inline_attention')
+    symbolic = importlib.import_module('inline_mm.models.layers.symbolic')
+    torch.manual_seed(0)
+    core = InLineCore(24, 3)
+    qkv = torch.randn(4, 50, 72, requires_grad=True)
+    valid = (torch.rand(4, 50) > 0.3) if masked else None
+    calls = []
+    split = ia.inline_attention_split
+    monkeypatch.setattr(ia, 'inline_attention_split',
+                        lambda q, *a: calls.append(q.dim()) or split(q, *a))
+
+    def run(eager):
+        monkeypatch.setattr(symbolic, 'eager_on_cpu', lambda x: eager)
+        calls.clear()
+        qkv.grad = None
+        with torch.autocast('cpu', torch.bfloat16, enabled=autocast):
+            out, v_mean = core.attention(*qkv.chunk(3, dim=-1), valid)
+        (out.float().sum() + v_mean.sum()).backward()
+        return out, v_mean, qkv.grad.clone(), list(calls)
+
+    out, v_mean, grad, dims = run(eager=True)
+    ref, ref_mean, ref_grad, ref_dims = run(eager=False)
+    assert dims == [3] * 3 and ref_dims == [4]  # one call per head against one folded call
+    assert out.shape == (4, 50, 24) and v_mean.shape == (4, 1, 24)
+    assert out.dtype == ref.dtype == (torch.bfloat16 if autocast else torch.float32)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(v_mean, ref_mean, rtol=0, atol=0)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-6)
+    # one sample keeps the folded form (a view there: nothing to save)
+    monkeypatch.setattr(symbolic, 'eager_on_cpu', lambda x: True)
+    calls.clear()
+    core.attention(*qkv[:1].chunk(3, dim=-1), None if valid is None else valid[:1])
+    assert calls == [4]

@@ -66,9 +66,10 @@ def inline_attention_split(q: Tensor, k: Tensor, v: Tensor, scale: float,
                            valid: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """InLine attention as its two terms: ``s * Q @ Cov(K, V)`` and ``mean(V)``.
 
-    Same arguments as :func:`inline_attention`, whose output is their sum.
-    Returns the query term ``(B, heads, N, d)`` in the dtype of ``q`` and the
-    value mean ``(B, heads, 1, d)`` in fp32.  The mean, the same for every token,
+    Same arguments as :func:`inline_attention`, whose output is their sum; q / k / v
+    may also be one head's ``(B, N, d)``.  Returns the query term ``(B, heads, N, d)``
+    (or ``(B, N, d)``) in the dtype of ``q`` and the value mean ``(B, heads, 1, d)``
+    (or ``(B, 1, d)``) in fp32.  The mean, the same for every token,
     can be much larger than the query term (by 30-40x in some blocks of a
     trained InLine-PVT-T), so a sum rounded to bf16 keeps little of the only
     term that differs between tokens; callers under autocast keep the two apart
@@ -81,7 +82,9 @@ def inline_attention_split(q: Tensor, k: Tensor, v: Tensor, scale: float,
             k_mean = k32.mean(dim=-2, keepdim=True)
             v_mean = v32.mean(dim=-2, keepdim=True)
         else:
-            weight = valid[:, None, :, None].to(torch.float32)
+            # (B, N) -> (B, 1, N, 1) for heads, (B, N, 1) for one head's tokens
+            weight = valid[(slice(None),) + (None,) * (k.dim() - 3) + (slice(None), None)]
+            weight = weight.to(torch.float32)
             n = weight.sum(dim=-2, keepdim=True).clamp_min(1.0)
             k32 = k32 * weight
             k_mean = k32.sum(dim=-2, keepdim=True) / n
@@ -244,6 +247,31 @@ class InLineCore(nn.Module):
         b, n, _ = x.shape
         return x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
+    def attention(self, q: Tensor, k: Tensor, v: Tensor,
+                  valid: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        """InLine attention of ``(B, N, C)`` tokens over the heads: the query term
+        ``(B, N, C)`` and the value mean ``(B, 1, C)`` (fp32), see
+        :func:`inline_attention_split`.
+
+        The heads are views of the channels.  Folded with the batch into one batched
+        matmul, ``(B, heads)`` is one batch axis only when B == 1; for several samples
+        or windows that fold copies q, k and v (strided copies, slow once they leave
+        the cache), so eager CPU passes with B > 1 run one head at a time on its
+        channel slice, which the batched matmuls read in place.  Recorded graphs keep
+        the folded form (no graph specialised on B).
+        """
+        b, n, c = q.shape
+        if symbolic.eager_on_cpu(q) and b > 1 and self.num_heads > 1:
+            d = self.head_dim
+            parts = [inline_attention_split(q[..., i * d:(i + 1) * d], k[..., i * d:(i + 1) * d],
+                                            v[..., i * d:(i + 1) * d], self.scale, valid)
+                     for i in range(self.num_heads)]
+            return (torch.cat([out for out, _ in parts], dim=-1),
+                    torch.cat([v_mean for _, v_mean in parts], dim=-1))
+        out, v_mean = inline_attention_split(self._heads(q), self._heads(k), self._heads(v),
+                                             self.scale, valid)
+        return out.transpose(1, 2).reshape(b, n, c), v_mean.transpose(1, 2).reshape(b, 1, c)
+
     def local_branch(self, v: Tensor, kernel_src: Tensor, hw: Tuple[int, int],
                      valid: Optional[Tensor] = None) -> Tensor:
         """Per-sample 3x3 depthwise convolution of ``v`` on its ``hw`` grid.
@@ -277,13 +305,9 @@ class InLineCore(nn.Module):
             ``(B, 1, C)`` in fp32, before the output projection: the attention's
             output is their sum (see :func:`inline_attention_split` for why apart).
         """
-        b, n, c = q.shape
         if self.phi is not None:
             q, k = self.phi(q), self.phi(k)
-        out, v_mean = inline_attention_split(self._heads(q), self._heads(k), self._heads(v),
-                                             self.scale, valid)
-        out = out.transpose(1, 2).reshape(b, n, c)
-        v_mean = v_mean.transpose(1, 2).reshape(b, 1, c)
+        out, v_mean = self.attention(q, k, v, valid)
         p = self.num_prefix_tokens
         if p == 0:
             return out + self.local_branch(v, kernel_src, hw, valid), v_mean
