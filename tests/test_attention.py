@@ -196,15 +196,17 @@ def test_the_value_mean_goes_through_the_projection_apart():
 @pytest.mark.parametrize('autocast', [False, True])
 @pytest.mark.parametrize('masked', [False, True])
 def test_per_head_path_equals_the_folded_heads(monkeypatch, autocast, masked):
-    """Eager CPU passes with several samples / windows run one head at a time on its
-    channel slice (no copies of q, k, v); the values, value means and gradients are the
-    folded heads' form, which B == 1 and recorded graphs keep."""
+    """Eager CPU passes with several samples / windows over large tensors run one head at a
+    time on its channel slice (no copies of q, k, v); the values, value means and
+    gradients are the folded heads' form, which B == 1, small tensors and recorded graphs
+    keep."""
     ia = importlib.import_module('inline_mm.models.layers.inline_attention')
     symbolic = importlib.import_module('inline_mm.models.layers.symbolic')
     torch.manual_seed(0)
     core = InLineCore(24, 3)
     qkv = torch.randn(4, 50, 72, requires_grad=True)
     valid = (torch.rand(4, 50) > 0.3) if masked else None
+    monkeypatch.setattr(ia, 'PER_HEAD_MIN_VALUES', 4 * 50 * 24)
     calls = []
     split = ia.inline_attention_split
     monkeypatch.setattr(ia, 'inline_attention_split',
@@ -227,8 +229,12 @@ def test_per_head_path_equals_the_folded_heads(monkeypatch, autocast, masked):
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     torch.testing.assert_close(v_mean, ref_mean, rtol=0, atol=0)
     torch.testing.assert_close(grad, ref_grad, rtol=1e-6, atol=1e-6)
-    # one sample keeps the folded form (a view there: nothing to save)
+    # one sample keeps the folded form (a view there: nothing to save), and so do
+    # tensors under the size from which the copies cost more than the per-head calls
     monkeypatch.setattr(symbolic, 'eager_on_cpu', lambda x: True)
     calls.clear()
     core.attention(*qkv[:1].chunk(3, dim=-1), None if valid is None else valid[:1])
+    assert calls == [4]
+    calls.clear()
+    core.attention(*qkv[:, :49].chunk(3, dim=-1), None if valid is None else valid[:, :49])
     assert calls == [4]
