@@ -151,7 +151,8 @@ def tokens_to_nchw(x: Tensor, hw: Tuple[int, int]) -> Tensor:
     other devices copy the view.
     """
     b, n, c = x.shape
-    if n * c < BLOCKED_TRANSPOSE_MIN_VALUES or not symbolic.eager_on_cpu(x):
+    # the graph test first: in a recorded graph a test of the size would guard on it
+    if not symbolic.eager_on_cpu(x) or n * c < BLOCKED_TRANSPOSE_MIN_VALUES:
         return tokens_to_grid(x, hw).contiguous()
     out = x.new_empty(b, c, hw[0], hw[1])
     planes = out.view(b, c, n)
@@ -271,6 +272,7 @@ class InLineCore(nn.Module):
         Recorded graphs keep the folded form (no graph specialised on B).
         """
         b, n, c = q.shape
+        # the graph test first: in a recorded graph a test of B or of the size would guard
         if (symbolic.eager_on_cpu(q) and b > 1 and self.num_heads > 1
                 and q.numel() >= PER_HEAD_MIN_VALUES):
             # split, not one slice per head: its backward is one concatenation, where each
