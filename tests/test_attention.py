@@ -8,7 +8,7 @@ from conftest import requires_cpu_fp16
 
 from inline_mm.models.layers.inline_attention import (InLineAttention, InLineCore,
                                                        inline_attention)
-from inline_mm.models.layers.windows import run_in_windows
+from inline_mm.models.layers.windows import run_in_windows, window_token_means
 
 
 def dense_inline(q, k, v, scale):
@@ -238,3 +238,27 @@ def test_per_head_path_equals_the_folded_heads(monkeypatch, autocast, masked):
     calls.clear()
     core.attention(*qkv[:, :49].chunk(3, dim=-1), None if valid is None else valid[:, :49])
     assert calls == [4]
+
+
+@pytest.mark.parametrize('hw, window', [((10, 11), (4, 8)), ((8, 8), (4, 4)), ((5, 7), (5, 7))])
+def test_window_token_means_equal_the_means_of_the_partitioned_windows(hw, window):
+    """InLine-CSwin's local-kernel source: each window's mean over its real tokens, summed
+    from the map, against partitioned windows (padding left out) in run_in_windows' order."""
+    torch.manual_seed(0)
+    x = torch.randn(2, *hw, 6)
+    seen = []
+
+    def record(windows, win, valid, bias):
+        assert win == window
+        seen.append(window_token_means(x, win, valid))
+        expected = windows.mean(dim=1) if valid is None else \
+            (windows * valid.unsqueeze(-1)).sum(dim=1) / valid.sum(dim=1, keepdim=True)
+        torch.testing.assert_close(seen[-1], expected, rtol=1e-5, atol=1e-6)
+        return windows
+
+    run_in_windows(x, window, record, need_bias=False)
+    nh, nw = -(-hw[0] // window[0]), -(-hw[1] // window[1])
+    assert seen[0].shape == (2 * nh * nw, 6)
+    # the last window of the second sample by hand: its real rows and columns only
+    last = x[1, (nh - 1) * window[0]:, (nw - 1) * window[1]:].reshape(-1, 6).mean(dim=0)
+    torch.testing.assert_close(seen[0][-1], last, rtol=1e-5, atol=1e-6)

@@ -251,6 +251,27 @@ def test_padded_tokens_never_reach_real_ones_in_cswin_stripes(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+def test_cswin_inline_branch_equals_each_window_on_its_own():
+    """InLine-CSwin's InLine branch over a map its windows do not divide: every window as
+    the branch on that window's real tokens alone (attention, the local kernel from the
+    window's mean of the block input, LePE, the projection)."""
+    from inline_mm.models.backbones.cswin import CSWinInLineAttention
+    torch.manual_seed(0)
+    dim, b, (h, w) = 16, 2, (6, 7)  # 4 x 5 windows: real extents 4 x 5, 4 x 2, 2 x 5, 2 x 2
+    attn = CSWinInLineAttention(dim, 2, (4, 5)).eval()
+    proj = torch.nn.Linear(dim, dim)
+    qkv, x = torch.randn(b, h * w, 3 * dim), torch.randn(b, h * w, dim) * 2 + 1
+    with torch.no_grad():
+        out = attn(qkv, x, (h, w), proj).view(b, h, w, dim)
+        for rows in (slice(0, 4), slice(4, 6)):
+            for cols in (slice(0, 5), slice(5, 7)):
+                part = [t.view(b, h, w, -1)[:, rows, cols] for t in (qkv, x)]
+                sub = part[0].shape[1:3]  # the window clipped to this map: one window
+                ref = attn(*(t.reshape(b, sub[0] * sub[1], -1) for t in part), sub, proj)
+                torch.testing.assert_close(out[:, rows, cols], ref.view(b, *sub, dim),
+                                           rtol=1e-5, atol=1e-5)
+
+
 @requires_cpu_fp16
 @pytest.mark.parametrize('cls', list(SMALL))
 def test_fp16_autocast_outputs_finite(cls):

@@ -15,7 +15,7 @@ from ..layers.inline_attention import (InLineCore, depthwise_conv3x3_per_sample,
                                        grid_to_tokens, project_with_mean, tokens_to_grid,
                                        zero_padded_tokens)
 from ..layers.softmax_attention import softmax_attention
-from ..layers.windows import Window, pad_image, run_in_windows
+from ..layers.windows import Window, pad_image, run_in_windows, window_token_means
 from .arch import (WindowSpec, check_stage_lists, parse_attn_type, per_stage_windows,
                    resolve_arch)
 from .base import InLineBackbone
@@ -43,21 +43,22 @@ def apply_lepe(conv: nn.Conv2d, v: Tensor, window: Tuple[int, int],
     return grid_to_tokens(conv(tokens_to_grid(v, window)))
 
 
-def _in_windows(tensors: Sequence[Tensor], hw: Tuple[int, int], window: Window, fn,
+def _in_windows(qkv: Tensor, hw: Tuple[int, int], window: Window, fn,
                 need_bias: bool) -> Tensor:
-    """Partition several ``(B, N, C)`` tensors into the same windows and apply ``fn``.
+    """Partition ``(B, N, 3C)`` tokens (q, k and v side by side) into windows, apply
+    ``fn(q, k, v, window, valid, bias)`` and return its ``(B, N, C)`` output.
 
-    The windows hold the first tensor's dtype: under autocast the fp32 residual stream
-    passed beside fp16 / bf16 projections would otherwise make the concatenation, and
-    every window copy of it, fp32.
+    The projection's output is partitioned as it is, one copy for the three (the
+    windows of q, k and v are slices of it); the kernel source of InLine's local branch
+    is not partitioned at all (:func:`~..layers.windows.window_token_means`).
     """
-    b, _, c = tensors[0].shape
-    dtype = tensors[0].dtype
-    grid = torch.cat([t.to(dtype) for t in tensors], dim=-1).view(b, hw[0], hw[1], -1)
+    b, _, c3 = qkv.shape
+    c = c3 // 3
 
     def split_and_apply(windows, win, valid, bias):
         return fn(*windows.split(c, dim=-1), win, valid, bias)
 
+    grid = qkv.view(b, hw[0], hw[1], c3)
     return run_in_windows(grid, window, split_and_apply, need_bias=need_bias).reshape(b, -1, c)
 
 
@@ -93,8 +94,9 @@ class LePEAttention(nn.Module):
         b, n, c = v.shape
         return out.transpose(1, 2).reshape(b, n, c) + apply_lepe(self.get_v, v, window, valid)
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, hw: Tuple[int, int]) -> Tensor:
-        return _in_windows((q, k, v), hw, self.window, self._attend, need_bias=True)
+    def forward(self, qkv: Tensor, hw: Tuple[int, int]) -> Tensor:
+        """``(B, N, 3C)``: this branch's q, k and v side by side -> ``(B, N, C)``."""
+        return _in_windows(qkv, hw, self.window, self._attend, need_bias=True)
 
 
 class CSWinInLineAttention(InLineCore):
@@ -113,16 +115,18 @@ class CSWinInLineAttention(InLineCore):
         self.get_v = lepe_conv(dim)
         self.window = window
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, x: Tensor, hw: Tuple[int, int],
-                proj: nn.Linear) -> Tensor:
-        """The branch's output after the block's projection ``proj``."""
+    def forward(self, qkv: Tensor, x: Tensor, hw: Tuple[int, int], proj: nn.Linear) -> Tensor:
+        """The branch's output after the block's projection ``proj``, from ``(B, N, 3C)``
+        q, k and v side by side and the block input ``x`` ``(B, N, C)``."""
+        x_grid = x.view(x.shape[0], hw[0], hw[1], -1)
 
-        def attend_and_project(q, k, v, x, window, valid, bias):
-            out, v_mean = self.attend(q, k, v, x, window, valid)
+        def attend_and_project(q, k, v, window, valid, bias):
+            x_mean = window_token_means(x_grid, window, valid)
+            out, v_mean = self.attend(q, k, v, x_mean, window, valid)
             out = out + apply_lepe(self.get_v, v, window, valid)
             return project_with_mean(proj, out, v_mean)
 
-        return _in_windows((q, k, v, x), hw, self.window, attend_and_project, need_bias=False)
+        return _in_windows(qkv, hw, self.window, attend_and_project, need_bias=False)
 
 
 class CSWinBlock(nn.Module):
@@ -164,15 +168,16 @@ class CSWinBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
 
     def forward(self, x: Tensor, hw: Tuple[int, int]) -> Tensor:
-        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        qkv = self.qkv(self.norm1(x))
         parts = len(self.attns)
         if isinstance(self.attns[0], CSWinInLineAttention):  # one branch, projected inside
-            y = self.attns[0](q, k, v, x, hw, self.proj)
+            y = self.attns[0](qkv, x, hw, self.proj)
         elif parts == 1:
-            y = self.proj(self.attns[0](q, k, v, x, hw))
-        else:
-            splits = [t.chunk(parts, dim=-1) for t in (q, k, v, x)]
-            y = self.proj(torch.cat([attn(*(s[i] for s in splits), hw)
+            y = self.proj(self.attns[0](qkv, hw))
+        else:  # each branch its slice of q, k and v (3 x C / parts channels side by side)
+            b, n, _ = qkv.shape
+            branches = qkv.view(b, n, 3, parts, -1)
+            y = self.proj(torch.cat([attn(branches[:, :, :, i].reshape(b, n, -1), hw)
                                      for i, attn in enumerate(self.attns)], dim=-1))
         x = x + self.drop_path(self.proj_drop(y))
         return x + self.drop_path(self.mlp(self.norm2(x)))

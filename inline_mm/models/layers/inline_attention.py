@@ -291,10 +291,13 @@ class InLineCore(nn.Module):
         """Per-sample 3x3 depthwise convolution of ``v`` on its ``hw`` grid.
 
         The kernel of each sample and channel is predicted from the mean of
-        ``kernel_src`` over its real tokens.  Returns ``(B, h*w, C)``.
+        ``kernel_src`` ``(B, N, C)`` over its real tokens, or from ``kernel_src`` itself
+        when it is that mean already, ``(B, C)`` in fp32 (InLine-CSwin sums its windows'
+        means from the map: :func:`~.windows.window_token_means`).  Returns ``(B, h*w, C)``.
         """
         b, _, c = v.shape
-        mean = masked_token_mean(kernel_src, valid).to(v.dtype)
+        mean = kernel_src if kernel_src.dim() == 2 else masked_token_mean(kernel_src, valid)
+        mean = mean.to(v.dtype)
         if symbolic.is_jit_tracing():  # the convolutions (what FLOP counters and ONNX know)
             weight = self.residual(mean.unsqueeze(-1))
         else:  # eager and compiled alike (see grouped_pointwise: no guard on the batch)
@@ -310,7 +313,8 @@ class InLineCore(nn.Module):
 
         Args:
             q, k, v: ``(B, N, C)`` projected tokens (``N = prefix + h * w``).
-            kernel_src: ``(B, N, C)`` tokens whose mean predicts the local kernel.
+            kernel_src: ``(B, N, C)`` tokens whose mean predicts the local kernel, or
+                that mean, ``(B, C)`` (see :meth:`local_branch`).
             hw: the token grid ``(h, w)`` (without prefix tokens).
             valid: ``(B, N)`` bool mask of real tokens, or None.
 

@@ -30,6 +30,16 @@ def window_partition(x: Tensor, window: Tuple[int, int]) -> Tensor:
     return x.reshape(b * nh * nw, wh * ww, c)
 
 
+def window_sums(x: Tensor, window: Tuple[int, int]) -> Tensor:
+    """``(B, H, W, C)`` with H, W multiples of the window -> ``(B * nW, C)``: the sum of
+    each window's tokens, in :func:`window_partition`'s order of windows (no partition
+    copy: a reduction over the map's own strides)."""
+    b, h, w, c = x.shape
+    wh, ww = window
+    nh, nw = h // wh, w // ww
+    return x.view(b, nh, wh, nw, ww, c).sum(dim=(2, 4)).reshape(b * nh * nw, c)
+
+
 def window_reverse(windows: Tensor, window: Tuple[int, int], hw: Tuple[int, int],
                    batch: int) -> Tensor:
     """Inverse of :func:`window_partition`: ``(B * nW, wh * ww, C)`` -> ``(B, H, W, C)``

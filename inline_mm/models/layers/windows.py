@@ -17,13 +17,13 @@ from torch import Tensor
 
 from . import symbolic
 from .cache import CACHE
-from .partition import MASK_VALUE, round_up, window_partition, window_reverse
+from .partition import MASK_VALUE, round_up, window_partition, window_reverse, window_sums
 
 from ...errors import ConfigError
 
 __all__ = ['MASK_VALUE', 'Window', 'clip_window', 'pad_image', 'pad_to_multiple',
            'region_bias', 'run_in_windows', 'to_window', 'valid_mask', 'window_partition',
-           'window_reverse']
+           'window_reverse', 'window_token_means']
 
 Window = Tuple[Optional[int], Optional[int]]
 
@@ -162,6 +162,26 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn,
     if hp != h or wp != w:
         out = out[:, :h, :w]
     return out
+
+
+def window_token_means(x: Tensor, window: Tuple[int, int], valid: Optional[Tensor]) -> Tensor:
+    """The fp32 mean of each window's real tokens of a ``(B, H, W, C)`` map: ``(B * nW, C)``.
+
+    ``window`` is the clipped window and ``valid`` the ``(B * nW, N)`` mask that
+    :func:`run_in_windows` hands its ``fn`` (None: nothing padded), in the same order of
+    windows.  Summed from the zero-padded map itself: what a mean over partitioned
+    windows gives, without partitioning ``x``.
+    """
+    x = x.float()
+    h, w = x.shape[1:3]
+    pad_h, pad_w = round_up(h, window[0]) - h, round_up(w, window[1]) - w
+    if symbolic.in_graph() or pad_h or pad_w:
+        # F.pad's zeros, whatever the attention's padding holds: the sums count on them
+        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+    sums = window_sums(x, window)
+    if valid is None:
+        return sums / (window[0] * window[1])
+    return sums / valid.sum(dim=-1, keepdim=True).to(torch.float32).clamp_min(1.0)
 
 
 def _run_traced(x: Tensor, hw: tuple, win: tuple, sft: tuple, valid: Optional[Tensor],
