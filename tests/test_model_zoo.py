@@ -370,20 +370,17 @@ def test_metafile_edit_keeps_every_other_entry_byte_for_byte():
     assert new_row.endswith(f'| {cell} |') and f'[{name}.py]({name}.py)' in new_row
 
 
-def test_readme_cell_says_when_the_run_trained_another_schedule(monkeypatch):
-    monkeypatch.syspath_prepend(os.path.join(REPO_ROOT, 'tools', 'model_zoo'))  # its imports
-    entry = _module(os.path.join(REPO_ROOT, 'tools', 'model_zoo', '_entry.py'),
-                    'model_zoo_entry')
+def test_readme_cell_says_when_the_run_trained_another_schedule():
     run = zoo.Run(work_dir='w', name='n', config='c', task='mmseg', cfg=None,
                   checkpoint_path='x.pth', checkpoint={}, iteration=80000,
                   schedule=('Iterations', 80000), config_schedule=('Iterations', 80000),
                   metrics={'mIoU': 41.234, 'mAcc': 52.0})
-    assert entry.readme_cell(run, 'x.pth') == '41.23 / 52.00 ([model](x.pth))'
+    assert zoo.readme_cell(run, 'x.pth') == '41.23 / 52.00 ([model](x.pth))'
     run.schedule = ('Iterations', 40000)
-    assert entry.readme_cell(run, 'x.pth') == \
+    assert zoo.readme_cell(run, 'x.pth') == \
         "41.23 / 52.00 (40000 iterations, not the config's 80000) ([model](x.pth))"
     run.schedule, run.config_schedule = ('Epochs', 12), ('Iterations', 80000)
-    assert entry.readme_cell(run, 'x.pth') == \
+    assert zoo.readme_cell(run, 'x.pth') == \
         "41.23 / 52.00 (12 epochs, not the config's 80000 iterations) ([model](x.pth))"
 
 

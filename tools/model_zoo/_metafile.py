@@ -1,14 +1,6 @@
-"""Minimal textual edits of the zoo's metafiles and README tables (every other byte kept).
-
-* :func:`find_entry` / :func:`entry_fields`: a ``Models`` entry of a metafile, as lines
-  and parsed;
-* :func:`set_metafile_entry` / :func:`check_metafile`: the entry's ``Results``,
-  ``Weights`` and ``Metadata`` keys set, and the result read back as YAML;
-* :func:`set_readme_row`: cells of one row of the results table after
-  :data:`TABLE_MARKER`.
-
-A YAML round trip would reformat the whole file; these edits replace only the lines of
-the keys they set.
+"""Minimal textual edits of the zoo's metafiles and README tables (every other byte kept):
+a YAML round trip would reformat the whole file; these edits replace only the lines of
+the keys they set, and :func:`check_metafile` reads the result back as YAML.
 """
 import json
 import re
@@ -41,23 +33,18 @@ def _yaml_lines(key: str, value: Any, indent: int) -> List[str]:
     """``key: value`` as block YAML at ``indent``, lists indented two more (the zoo's style)."""
     pad = ' ' * indent
     if isinstance(value, dict):
-        lines = [f'{pad}{key}:']
-        for k, v in value.items():
-            lines += _yaml_lines(k, v, indent + 2)
-        return lines
-    if isinstance(value, list):
-        lines = [f'{pad}{key}:']
-        for item in value:
-            if not isinstance(item, dict):
-                lines.append(f'{pad}  - {_scalar(item)}')
-                continue
-            sub = []
-            for k, v in item.items():
-                sub += _yaml_lines(k, v, indent + 4)
-            sub[0] = f'{pad}  - ' + sub[0].lstrip()
-            lines += sub
-        return lines
-    return [f'{pad}{key}: {_scalar(value)}']
+        return [f'{pad}{key}:'] + [ln for k, v in value.items()
+                                   for ln in _yaml_lines(k, v, indent + 2)]
+    if not isinstance(value, list):
+        return [f'{pad}{key}: {_scalar(value)}']
+    lines = [f'{pad}{key}:']
+    for item in value:
+        if isinstance(item, dict):
+            sub = [ln for k, v in item.items() for ln in _yaml_lines(k, v, indent + 4)]
+            lines += [f'{pad}  - ' + sub[0].lstrip()] + sub[1:]
+        else:
+            lines.append(f'{pad}  - {_scalar(item)}')
+    return lines
 
 
 def _block_end(lines: List[str], start: int, indent: int) -> int:
@@ -73,9 +60,18 @@ def _block_end(lines: List[str], start: int, indent: int) -> int:
     return end
 
 
-def _key_line(lines: List[str], start: int, end: int, key: str, indent: int) -> Optional[int]:
+def _key_line(lines: List[str], start: int, key: str, indent: int) -> Optional[int]:
     pattern = re.compile(rf'^ {{{indent}}}{re.escape(key)}:(\s|$)')
-    return next((i for i in range(start, end) if pattern.match(lines[i])), None)
+    return next((i for i in range(start, len(lines)) if pattern.match(lines[i])), None)
+
+
+def _set_key(lines: List[str], key: str, new: List[str], indent: int, start: int = 0
+             ) -> List[str]:
+    """``lines`` with the block of ``key`` replaced by ``new``, or ``new`` added at the end."""
+    i = _key_line(lines, start, key, indent)
+    if i is None:
+        return lines + new
+    return lines[:i] + new + lines[_block_end(lines, i, indent):]
 
 
 def find_entry(text: str, name: str) -> Optional[Tuple[int, int, int]]:
@@ -83,76 +79,46 @@ def find_entry(text: str, name: str) -> Optional[Tuple[int, int, int]]:
     lines = text.split('\n')
     for i, line in enumerate(lines):
         match = re.match(r'^(\s*)- Name:\s*(.+?)\s*$', line)
-        if match and match.group(2).strip('\'"') == name:
+        if match and match.group(2).strip('\'"') == name and \
+                any(ln.startswith('Models:') for ln in lines[:i]):  # not a collection
             dash = len(match.group(1))
-            if not any(ln.startswith('Models:') for ln in lines[:i]):
-                continue  # a collection of that name
             return i, _block_end(lines, i, dash), dash + 2
     return None
 
 
 def set_metafile_entry(text: str, name: str, results: List[dict], weights: str,
                        metadata: Dict[str, Any]) -> str:
-    """``text`` with the entry ``name``'s Results, Weights and Metadata keys set.
-
-    Only the lines of those keys change (a key's line and its deeper-indented lines are
-    replaced, a missing key is added at the end of its block); every other byte stays.
-
-    Raises:
-        ConfigError: the metafile has no entry ``name``.
-    """
+    """``text`` with the entry ``name``'s Results, Weights and Metadata keys set: a key's
+    line and its deeper-indented lines replaced, a missing key added at the end of its block."""
     found = find_entry(text, name)
     if found is None:
         raise ConfigError(f'the metafile has no Models entry named {name!r}: add one')
     start, end, ind = found
     lines = text.split('\n')
     entry = lines[start:end]
-    keys_ind = ind
-
-    def replace(block: List[str], key: str, new: List[str], at: int, indent: int) -> List[str]:
-        i = _key_line(block, at, len(block), key, indent)
-        if i is None:
-            return block + new
-        j = _block_end(block, i, indent)
-        return block[:i] + new + block[j:]
-
-    # Metadata keys, inside the Metadata block
-    m = _key_line(entry, 1, len(entry), 'Metadata', keys_ind)
+    m = _key_line(entry, 1, 'Metadata', ind)
     if m is None:
-        entry = entry + _yaml_lines('Metadata', metadata, keys_ind)
+        entry = entry + _yaml_lines('Metadata', metadata, ind)
     else:
-        m_end = _block_end(entry, m, keys_ind)
+        m_end = _block_end(entry, m, ind)
         block = entry[m + 1:m_end]
         for key, value in metadata.items():
-            new = _yaml_lines(key, value, keys_ind + 2)
-            i = _key_line(block, 0, len(block), key, keys_ind + 2)
-            if i is None:
-                block = block + new
-            else:
-                block = block[:i] + new + block[_block_end(block, i, keys_ind + 2):]
+            block = _set_key(block, key, _yaml_lines(key, value, ind + 2), ind + 2)
         entry = entry[:m + 1] + block + entry[m_end:]
-    entry = replace(entry, 'Results', _yaml_lines('Results', results, keys_ind), 1, keys_ind)
-    entry = replace(entry, 'Weights', _yaml_lines('Weights', weights, keys_ind), 1, keys_ind)
+    entry = _set_key(entry, 'Results', _yaml_lines('Results', results, ind), ind, 1)
+    entry = _set_key(entry, 'Weights', _yaml_lines('Weights', weights, ind), ind, 1)
     return '\n'.join(lines[:start] + entry + lines[end:])
 
 
 def check_metafile(old: str, new: str, name: str, results: List[dict], weights: str,
                    metadata: Dict[str, Any]) -> None:
-    """Read ``new`` back: the entry holds what was written, every other entry is as in ``old``.
-
-    Raises:
-        ConfigError: the edit did not read back (a metafile layout the line editor does
-            not handle); the caller writes nothing then.
-    """
+    """Read ``new`` back: the entry holds what was written, every other entry is as in
+    ``old``; else a ConfigError (a layout the line editor does not handle)."""
     before, after = yaml.safe_load(old), yaml.safe_load(new)
-    models_before = {m['Name']: m for m in before.get('Models') or []}
-    models_after = {m['Name']: m for m in after.get('Models') or []}
+    models_before, models_after = ({m['Name']: m for m in data.get('Models') or []}
+                                   for data in (before, after))
     entry = models_after.get(name) or {}
-    wrong = []
-    if entry.get('Results') != results:
-        wrong.append('Results')
-    if entry.get('Weights') != weights:
-        wrong.append('Weights')
+    wrong = [k for k, v in (('Results', results), ('Weights', weights)) if entry.get(k) != v]
     wrong += [f'Metadata.{k}' for k, v in metadata.items()
               if (entry.get('Metadata') or {}).get(k) != v]
     wrong += [f'the entry {k}' for k in sorted(set(models_before) | set(models_after))
@@ -178,14 +144,8 @@ def entry_fields(text: str, name: str) -> dict:
 
 
 def set_readme_row(text: str, config_link: str, cells: Dict[str, str], readme: str) -> str:
-    """``text`` with the cells named by their column header set in the row of ``config_link``.
-
-    The table is the first after the :data:`TABLE_MARKER` line; its row is the one whose
-    first cell links ``config_link``.  Only that row's line changes.
-
-    Raises:
-        ConfigError: no marker, no such column or no such row.
-    """
+    """``text`` with the cells named by their column header set in the row whose first cell
+    links ``config_link``, in the first table after the :data:`TABLE_MARKER` line."""
     lines = text.split('\n')
     if TABLE_MARKER not in lines:
         raise ConfigError(f'{readme} has no results table marked {TABLE_MARKER}: add the '
@@ -194,18 +154,17 @@ def set_readme_row(text: str, config_link: str, cells: Dict[str, str], readme: s
     while i < len(lines) and not lines[i].startswith('|'):
         i += 1
     header = [c.strip() for c in _CELL_SPLIT.split(lines[i])[1:-1]] if i < len(lines) else []
-    columns = {name: header.index(name) for name in cells if name in header}
-    missing = [name for name in cells if name not in columns]
+    missing = [name for name in cells if name not in header]
     if missing:
         raise ConfigError(f"{readme}: the results table has no column {missing[0]!r}")
-    j = i + 2
-    while j < len(lines) and lines[j].startswith('|'):
+    for j in range(i + 2, len(lines)):
+        if not lines[j].startswith('|'):
+            break
         parts = _CELL_SPLIT.split(lines[j])
         if f']({config_link})' in parts[1]:
-            for name, index in columns.items():
-                parts[index + 1] = f' {cells[name]} '
+            for name, cell in cells.items():
+                parts[header.index(name) + 1] = f' {cell} '
             lines[j] = '|'.join(parts)
             return '\n'.join(lines)
-        j += 1
     raise ConfigError(f'{readme}: the results table has no row for {config_link} '
                       f'(a first cell linking it): add the row')

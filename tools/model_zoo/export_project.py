@@ -4,22 +4,10 @@
     python tools/model_zoo/export_project.py --toolkit mmdet OUT_DIR   # OUT_DIR/InLine
     python tools/model_zoo/export_project.py --toolkit mmseg ~/mmsegmentation/projects
 
-The folder follows the toolkits' ``projects/example_project`` layout:
-
-* ``inline/``: the backbone code (inline_mm's ``models``, ``checkpoint``, ``registry``
-  and ``errors`` modules, relative imports unchanged), registering into that toolkit
-  only; none of inline-mm's training extensions (``inline_mm.engine``), toy datasets
-  or version checks: the folder runs without inline-mm installed;
-* ``configs/``: the toolkit's configs of this zoo (mmdet: configs/det with the toy
-  Mask R-CNN in ``configs/toy/``; mmseg: configs/seg), their ``custom_imports`` naming
-  ``projects.InLine.inline``, their bases the toolkit's own files
-  (``'../../../configs/...'``), inline-mm's fault-tolerance hooks, loop and dataset
-  wrapper replaced by mmengine's / the toolkit's own (``CheckpointHook``,
-  ``EpochBasedTrainLoop``, the dataset itself);
-* ``metafile.yml`` (the zoo's entries, paths in the project) and ``README.md`` in the
-  toolkit's project template (description, usage, results, citation, checklist).
-
-In the toolkit's root: ``python tools/train.py projects/InLine/configs/CONFIG.py``.
+The toolkits have only a template (``projects/example_project``); this fills it from the
+zoo: ``inline/`` (the modules the backbones import, registering into that toolkit only, so
+the folder runs without inline-mm), ``configs/`` (inline-mm's engine types replaced by the
+toolkit's, bases the toolkit's own files), ``metafile.yml`` and ``README.md``.
 """
 import argparse
 import ast
@@ -31,10 +19,12 @@ import shutil
 import sys
 from typing import Dict, List, Optional, Tuple
 
+import yaml
+
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-import _project_readme  # noqa: E402
+import _metafile  # noqa: E402
 import _zoo  # noqa: E402
 
 from inline_mm.engine.launch import cli_main  # noqa: E402
@@ -67,10 +57,8 @@ ENGINE_ARGS: Dict[str, Tuple[str, ...]] = {
 }
 
 TOOLKITS = {
-    'mmdet': dict(configs=('configs/det', 'configs/det/toy'), name='MMDetection',
-                  repo='open-mmlab/mmdetection'),
-    'mmseg': dict(configs=('configs/seg',), name='MMSegmentation',
-                  repo='open-mmlab/mmsegmentation'),
+    'mmdet': dict(configs=('configs/det', 'configs/det/toy'), name='MMDetection'),
+    'mmseg': dict(configs=('configs/seg',), name='MMSegmentation'),
 }
 
 
@@ -110,21 +98,17 @@ __all__ = ['InLinePVT', 'InLineSwin', 'InLineCSWin', 'InLineDeiT', 'load_pretrai
 '''
 
 
-def _module_file(source: str, parts: List[str]) -> Optional[str]:
-    """inline_mm/<parts>.py or inline_mm/<parts>/__init__.py, relative to ``source``."""
-    base = osp.join(*parts) if parts else ''
-    for rel in (base + '.py', osp.join(base, '__init__.py')):
-        if rel != '.py' and osp.isfile(osp.join(source, rel)):
-            return osp.normpath(rel)
-    return None
-
-
 def code_files(source: str) -> List[str]:
     """The files of ``source`` (inline_mm/) the backbones import, from :data:`ENTRY` on.
 
     Follows every relative and ``inline_mm.`` import (function-level ones too), so the
     project holds exactly the modules the models need, whatever files they live in.
     """
+    def module_file(parts: List[str]) -> Optional[str]:
+        base = osp.join(*parts)
+        return next((osp.normpath(rel) for rel in (base + '.py', osp.join(base, '__init__.py'))
+                     if osp.isfile(osp.join(source, rel))), None)
+
     todo, found = [ENTRY], set()
     while todo:
         rel = todo.pop()
@@ -135,21 +119,20 @@ def code_files(source: str) -> List[str]:
         with open(osp.join(source, rel)) as f:
             tree = ast.parse(f.read())
         for node in ast.walk(tree):
-            targets = []
-            if isinstance(node, ast.ImportFrom) and node.level:
-                up = package[:len(package) - (node.level - 1)] if node.level > 1 else package
-                mod = up + (node.module.split('.') if node.module else [])
-                targets += [mod] + [mod + [a.name] for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith('inline_mm'):
-                mod = node.module.split('.')[1:]
-                targets += [mod] + [mod + [a.name] for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets += [a.name.split('.')[1:] for a in node.names
-                            if a.name.startswith('inline_mm.')]
+            if isinstance(node, ast.Import):
+                targets = [a.name.split('.')[1:] for a in node.names
+                           if a.name.startswith('inline_mm.')]
+            elif isinstance(node, ast.ImportFrom) and (
+                    node.level or (node.module or '').startswith('inline_mm')):
+                names = node.module.split('.') if node.module else []
+                mod = package[:len(package) + 1 - node.level] + names if node.level else names[1:]
+                targets = [mod] + [mod + [a.name] for a in node.names]
+            else:
+                continue
             for parts in targets:
                 # a package's own __init__ on the way, then the module itself
                 for depth in range(1, len(parts) + 1):
-                    init = _module_file(source, parts[:depth])
+                    init = module_file(parts[:depth])
                     if init and (depth == len(parts) or init.endswith('__init__.py')):
                         todo.append(init)
     files = sorted(found)
@@ -160,6 +143,13 @@ def code_files(source: str) -> List[str]:
     return files
 
 
+def _write(path: str, text: str) -> str:
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    with open(path, 'w') as f:
+        f.write(text)
+    return path
+
+
 def write_code(out: str, toolkit: str) -> List[str]:
     """Copy the backbone code into ``out/inline``; returns the files written."""
     source = osp.join(_zoo.ROOT, 'inline_mm')
@@ -167,44 +157,37 @@ def write_code(out: str, toolkit: str) -> List[str]:
     for rel in code_files(source):
         with open(osp.join(source, rel)) as f:
             text = _rewrite_code(f.read(), toolkit, osp.basename(rel))
-        target = osp.join(out, MODULE, rel)
-        os.makedirs(osp.dirname(target), exist_ok=True)
-        with open(target, 'w') as f:
-            f.write(text)
-        written.append(target)
-    with open(osp.join(out, MODULE, '__init__.py'), 'w') as f:
-        f.write(PACKAGE_INIT.format(toolkit=toolkit, module=IMPORT))
-    return written + [osp.join(out, MODULE, '__init__.py')]
+        written.append(_write(osp.join(out, MODULE, rel), text))
+    return written + [_write(osp.join(out, MODULE, '__init__.py'),
+                             PACKAGE_INIT.format(toolkit=toolkit, module=IMPORT))]
 
 
 # ------------------------------------------------------------------ configs
 class _Edits:
-    """Byte-range edits of a source text, applied back to front."""
+    """Byte-range edits of a source text (ast's columns count UTF-8 bytes), applied back to
+    front."""
 
     def __init__(self, text: str):
         self.data = text.encode('utf-8')
-        self.starts = [0]
-        for line in self.data.split(b'\n'):
-            self.starts.append(self.starts[-1] + len(line) + 1)
+        self.lines = self.data.split(b'\n')
+        self.starts = list(itertools.accumulate((len(ln) + 1 for ln in self.lines), initial=0))
         self.edits: List[Tuple[int, int, str]] = []
 
-    def offset(self, line: int, col: int) -> int:
-        return self.starts[line - 1] + col
+    def start(self, node: ast.AST) -> int:
+        return self.starts[node.lineno - 1] + node.col_offset
 
-    def span(self, node: ast.AST) -> Tuple[int, int]:
-        return (self.offset(node.lineno, node.col_offset),
-                self.offset(node.end_lineno, node.end_col_offset))
+    def end(self, node: ast.AST) -> int:
+        return self.starts[node.end_lineno - 1] + node.end_col_offset
 
-    def replace(self, start: int, end: int, text: str) -> None:
-        self.edits.append((start, end, text))
+    def replace(self, node: ast.AST, text: str) -> None:
+        self.edits.append((self.start(node), self.end(node), text))
 
     def drop_statement(self, node: ast.stmt) -> None:
         """Remove a statement's lines and the comment lines right above it."""
         first = node.lineno
-        lines = self.data.split(b'\n')
-        while first > 1 and lines[first - 2].lstrip().startswith(b'#'):
+        while first > 1 and self.lines[first - 2].lstrip().startswith(b'#'):
             first -= 1
-        self.replace(self.starts[first - 1], self.starts[node.end_lineno], '')
+        self.edits.append((self.starts[first - 1], self.starts[node.end_lineno], ''))
 
     def result(self) -> str:
         data = self.data
@@ -225,15 +208,10 @@ def _vacuous(node: ast.AST) -> bool:
     """A ``dict(...)`` that only names inline-mm engine types (nothing left once replaced)."""
     if not (isinstance(node, ast.Call) and getattr(node.func, 'id', None) == 'dict'):
         return False
-    engine = _type_of(node) in ENGINE_TYPES
-    for kw in node.keywords:
-        if kw.arg == 'type' and engine:
-            continue
-        if kw.arg in ENGINE_ARGS.get(_type_of(node), ()):
-            continue
-        if not _vacuous(kw.value):
-            return False
-    return bool(node.keywords)
+    kind = _type_of(node)
+    dropped = ENGINE_ARGS.get(kind, ()) + (('type',) if kind in ENGINE_TYPES else ())
+    return bool(node.keywords) and all(kw.arg in dropped or _vacuous(kw.value)
+                                       for kw in node.keywords)
 
 
 def _edit_calls(node: ast.AST, edits: _Edits) -> None:
@@ -247,30 +225,22 @@ def _edit_calls(node: ast.AST, edits: _Edits) -> None:
             inner = next((kw for kw in call.keywords if kw.arg == 'dataset_type'), None)
             if inner is None:
                 raise ConfigError('a SkipBadSamples without dataset_type cannot be exported')
-            edits.replace(*edits.span(type_kw.value), ast.unparse(inner.value))
+            edits.replace(type_kw.value, ast.unparse(inner.value))
         elif ENGINE_TYPES[kind] is not None:
-            edits.replace(*edits.span(type_kw.value), repr(ENGINE_TYPES[kind]))
+            edits.replace(type_kw.value, repr(ENGINE_TYPES[kind]))
         _drop_keywords(call, ENGINE_ARGS.get(kind, ()), edits)
 
 
 def _drop_keywords(call: ast.Call, names: Tuple[str, ...], edits: _Edits) -> None:
     """Remove the keywords ``names`` of ``call``: each up to the keyword after it, and
     the ones after the last kept keyword from that keyword's end (no stray comma)."""
-    keywords = call.keywords
-    kept = [i for i, kw in enumerate(keywords) if kw.arg not in names]
-    last_kept = kept[-1] if kept else None
-    for i, kw in enumerate(keywords):
-        if kw.arg not in names:
-            continue
-        if last_kept is not None and i > last_kept:  # the trailing run, removed once
-            if i == last_kept + 1:
-                prev, last = keywords[last_kept], keywords[-1]
-                edits.replace(edits.offset(prev.end_lineno, prev.end_col_offset),
-                              edits.offset(last.end_lineno, last.end_col_offset), '')
-            continue
-        nxt = keywords[i + 1] if i + 1 < len(keywords) else None
-        end = (nxt.lineno, nxt.col_offset) if nxt else (kw.end_lineno, kw.end_col_offset)
-        edits.replace(edits.offset(kw.lineno, kw.col_offset), edits.offset(*end), '')
+    kws = call.keywords
+    last = max((i for i, kw in enumerate(kws) if kw.arg not in names), default=-1)
+    edits.edits += [(edits.start(kw), edits.start(kws[i + 1]), '')
+                    for i, kw in enumerate(kws[:max(last, 0)]) if kw.arg in names]
+    if last < len(kws) - 1:
+        edits.edits.append((edits.end(kws[last]) if last >= 0 else edits.start(kws[0]),
+                            edits.end(kws[-1]), ''))
 
 
 def _base_path(value: str, depth: int) -> Optional[str]:
@@ -295,19 +265,17 @@ def export_config(text: str, depth: int) -> str:
         if names == ['_base_']:
             values = node.value.elts if isinstance(node.value, ast.List) else [node.value]
             bases = [b for b in (_base_path(v.value, depth) for v in values) if b]
-            new = repr(bases) if isinstance(node.value, ast.List) else repr(bases[0])
-            edits.replace(*edits.span(node.value), new)
+            edits.replace(node.value,
+                          repr(bases if isinstance(node.value, ast.List) else bases[0]))
         elif names == ['custom_imports']:
-            edits.replace(*edits.span(node),
-                          f"custom_imports = dict(imports=['{IMPORT}'], "
+            edits.replace(node, f"custom_imports = dict(imports=['{IMPORT}'], "
                           f'allow_failed_imports=False)')
         elif names == ['custom_hooks'] and isinstance(node.value, ast.List):
             kept = [e for e in node.value.elts if _type_of(e) not in ENGINE_TYPES]
             if not kept:
                 edits.drop_statement(node)
             elif len(kept) < len(node.value.elts):
-                edits.replace(*edits.span(node.value),
-                              '[' + ', '.join(ast.unparse(e) for e in kept) + ']')
+                edits.replace(node.value, '[' + ', '.join(ast.unparse(e) for e in kept) + ']')
         elif isinstance(node, ast.Assign) and _vacuous(node.value):
             edits.drop_statement(node)
         else:
@@ -337,21 +305,183 @@ def write_configs(out: str, toolkit: str) -> List[str]:
     for folder in TOOLKITS[toolkit]['configs']:
         sub = osp.relpath(folder, TOOLKITS[toolkit]['configs'][0])
         for path in sorted(os.listdir(osp.join(_zoo.ROOT, folder))):
-            if not path.endswith('.py'):
-                continue
-            rel = osp.normpath(osp.join('configs', sub, path))
-            depth = 2 + rel.count('/')  # projects/InLine/ + the folders of rel
-            with open(osp.join(_zoo.ROOT, folder, path)) as f:
-                text = export_config(f.read(), depth)
-            target = osp.join(out, rel)
-            os.makedirs(osp.dirname(target), exist_ok=True)
-            with open(target, 'w') as f:
-                f.write(text)
-            written.append(target)
+            if path.endswith('.py'):
+                rel = osp.normpath(osp.join('configs', sub, path))
+                with open(osp.join(_zoo.ROOT, folder, path)) as f:
+                    # depth: projects/InLine/ + the folders of rel
+                    text = export_config(f.read(), 2 + rel.count('/'))
+                written.append(_write(osp.join(out, rel), text))
     return written
 
 
 # ------------------------------------------------------------------ metafile, README
+CITATION = """@inproceedings{han2024bridging,
+  title     = {Bridging the Divide: Reconsidering Softmax and Linear Attention},
+  author    = {Han, Dongchen and Pu, Yifan and Xia, Zhuofan and Han, Yizeng and Pan, Xuran and
+               Li, Xiu and Lu, Jiwen and Song, Shiji and Huang, Gao},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year      = {2024}
+}"""
+
+
+def write_metafile(out: str, folder: str) -> dict:
+    """The zoo's ``folder/metafile.yml`` as the project's (``out/metafile.yml``): the toy
+    runs (inline-mm's demos) left out, paths in the project; returns its entries."""
+    with open(osp.join(_zoo.ROOT, folder, 'metafile.yml')) as f:
+        text = f.read()
+    for model in yaml.safe_load(text).get('Models') or []:
+        if '/toy/' in model.get('Config', ''):
+            start, end, _ = _metafile.find_entry(text, model['Name'])
+            lines = text.split('\n')
+            text = '\n'.join(lines[:start] + lines[end:])
+    text = text.replace(f'{folder}/README.md', f'projects/{PROJECT}/README.md')
+    text = text.replace(f'Config: {folder}/', f'Config: projects/{PROJECT}/configs/')
+    _write(osp.join(out, 'metafile.yml'), text)
+    return yaml.safe_load(text)
+
+
+def _metric(entry: dict, name: str) -> str:
+    values = [(r.get('Metrics') or {}).get(name) for r in entry.get('Results') or []]
+    return next((str(v) for v in values if v is not None), '-')
+
+
+def readme_text(toolkit: str, meta: dict) -> str:
+    """The project's README.md in the toolkit's project template, its results table from
+    the metafile's entries (``meta``)."""
+    toolkit_name = TOOLKITS[toolkit]['name']
+    models = meta.get('Models') or []
+    first = osp.basename(models[0]['Config']) if models else 'CONFIG.py'
+    rows = []
+    for m in models:
+        md, config = m['Metadata'], osp.relpath(m['Config'], f'projects/{PROJECT}')
+        download = f"[model]({m['Weights']})" if m.get('Weights') else '-'
+        rows.append(
+            f"| [Mask R-CNN]({config}) | {md.get('Backbone', '-')} | ImageNet-1K (authors') | "
+            f"COCO2017 Train | COCO2017 Val | {md.get('Epochs', '-')} | {_metric(m, 'box AP')} "
+            f"| {_metric(m, 'mask AP')} | {download} |" if toolkit == 'mmdet' else
+            f"| {md.get('Head', '-')} | {md.get('Backbone', '-')} | {md.get('Crop Size', '-')} | "
+            f"{md.get('Iterations', '-')} | {md.get('Training Memory (GB)', '-')} | "
+            f"{_metric(m, 'mIoU')} | {_metric(m, 'mAcc')} | [config]({config}) | {download} |")
+    header = ('| Method | Backbone | Pretrained Model | Training set | Test set | #epoch | '
+              'box AP | mask AP | Download |\n'
+              '| :----: | :------: | :--------------: | :----------: | :------: | :----: | '
+              ':----: | :-----: | :------: |') if toolkit == 'mmdet' else (
+        '| Method | Backbone | Crop Size | Lr schd | Mem (GB) | mIoU | mAcc | config '
+        '| download |\n'
+        '| ------ | -------- | --------- | ------: | -------- | ---: | ---: | ------ '
+        '| -------- |')
+    dataset = 'COCO' if toolkit == 'mmdet' else 'ADE20K'
+    status = ('Results of this project\'s own training runs (box / mask AP on COCO val2017 '
+              'or mIoU on ADE20K val, single scale).' if any(m.get('Results') for m in models)
+              else 'No full schedule has been trained with these configs yet: the results '
+              'columns stay empty until one is measured; the backbones start from the '
+              'authors\' ImageNet-1K weights, converted on load.')
+    return f"""# InLine: Injective Linear Attention Backbones
+
+## Description
+
+Author: the inline-mm contributors.
+
+This project brings the InLine (injective linear attention) vision backbones of
+[Bridging the Divide: Reconsidering Softmax and Linear Attention](https://arxiv.org/abs/2412.06590)
+(NeurIPS 2024) to {toolkit_name}: `InLinePVT`, `InLineSwin`, `InLineCSWin` and `InLineDeiT`,
+registered in `{toolkit}.registry.MODELS` when `{IMPORT}` is imported. The authors
+released ImageNet-1K classification code and weights only; the configs put their backbones
+into {toolkit_name}'s own recipes (their bases are the toolkit's configs), and the backbones
+load the authors' checkpoints as released through `init_cfg` (read with `weights_only`
+semantics; position tables resized to the input). Any input size works (odd and
+non-square included): InLine attention costs linear time in the number of pixels.
+
+## Usage
+
+### Prerequisites
+
+- Python 3.10 or higher, PyTorch 2.1 or higher, timm 1.0 or higher
+- {toolkit_name} ({toolkit} {'3.x' if toolkit == 'mmdet' else '1.x'}), mmengine 0.10.3 or higher
+
+Download the authors' ImageNet-1K checkpoints from
+[LeapLabTHU/InLine](https://github.com/LeapLabTHU/InLine#pretrained-models) into
+`checkpoints/` of {toolkit_name}'s root (`inline_pvt_t.pth`, `inline_swin_t.pth`, ...).
+
+All the commands below run in {toolkit_name}'s root directory, with the root on `PYTHONPATH`
+so that Python finds `projects.{PROJECT}`:
+
+```shell
+export PYTHONPATH=`pwd`:$PYTHONPATH
+```
+
+### Training commands
+
+```shell
+python tools/train.py projects/{PROJECT}/configs/{first}
+```
+
+For multi-gpu training, run:
+
+```shell
+bash tools/dist_train.sh projects/{PROJECT}/configs/{first} ${{NUM_GPUS}}
+```
+
+### Testing commands
+
+```shell
+python tools/test.py projects/{PROJECT}/configs/{first} ${{CHECKPOINT_PATH}}
+```
+
+## Results
+
+{status}
+
+{header}
+{chr(10).join(rows)}
+
+## Citation
+
+```bibtex
+{CITATION}
+```
+
+## Checklist
+
+- [ ] Milestone 1: PR-ready, and acceptable to be one of the `projects/`.
+
+  - [x] Finish the code
+
+    <!-- Each backbone is registered into `{toolkit}.registry.MODELS` and configured
+    through a config file. -->
+
+  - [x] Basic docstrings & proper citation
+
+  - [ ] Test-time correctness
+
+    <!-- The backbones equal the authors' models (every variant within 7e-6 at 224x224,
+    inline-mm's tools/verify_against_reference.py); no {dataset} result of the paper has
+    been reproduced yet. -->
+
+  - [x] A full README
+
+- [ ] Milestone 2: Indicates a successful model implementation.
+
+  - [ ] Training-time correctness
+
+- [ ] Milestone 3: Good to be a part of our core package!
+
+  - [x] Type hints and docstrings
+
+  - [ ] Unit tests
+
+    <!-- The tests live in inline-mm (pytest suite); none are in this folder yet. -->
+
+  - [ ] Code polishing
+
+  - [x] Metafile.yml
+
+- [ ] Move your modules into the core package following the codebase's file hierarchy structure.
+
+- [ ] Refactor your modules into the core package following the codebase's file hierarchy structure.
+"""
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     out = osp.join(args.out_dir, PROJECT)
@@ -364,11 +494,8 @@ def main(argv=None) -> None:
     try:
         code = write_code(tmp, args.toolkit)
         configs = write_configs(tmp, args.toolkit)
-        _, meta = _project_readme.write_metafile(tmp, TOOLKITS[args.toolkit]['configs'][0],
-                                                 PROJECT)
-        with open(osp.join(tmp, 'README.md'), 'w') as f:
-            f.write(_project_readme.readme_text(args.toolkit, TOOLKITS[args.toolkit]['name'],
-                                                meta, PROJECT, IMPORT))
+        meta = write_metafile(tmp, TOOLKITS[args.toolkit]['configs'][0])
+        _write(osp.join(tmp, 'README.md'), readme_text(args.toolkit, meta))
         if osp.exists(out):
             shutil.rmtree(out)
         os.replace(tmp, out)

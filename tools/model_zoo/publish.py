@@ -4,26 +4,11 @@
     python tools/model_zoo/publish.py WORK_DIR [WORK_DIR ...]
     python tools/model_zoo/publish.py work_dirs/x --weights-url 'https://host/zoo/{filename}'
 
-For each work dir of a finished run of one of configs/det, configs/seg (what mmengine
-wrote there: the config its newest checkpoint records, ``<timestamp>/vis_data/scalars.json``,
-the checkpoints):
-
-* the published checkpoint, as mmdet's ``tools/model_converters/publish_model.py``
-  writes it: ``meta`` and ``state_dict`` only (EMA weights where the run kept them,
-  ``meta`` trimmed to plain values), named ``<config>_<yyyymmdd>-<sha256[:8]>.pth``,
-  in ``WORK_DIR/published/`` (``--out-dir``);
-* the model's metafile entry (the ``metafile.yml`` beside the config): ``Results``
-  (COCO box / mask AP with AP50 / AP75 / APs / APm / APl, or mIoU / mAcc / aAcc, from
-  the validation the run logged for those weights), ``Weights`` (``--weights-url``
-  with ``{filename}`` / ``{name}``, else the file's path) and the measured
-  ``Metadata`` (epochs or iterations, training resources, peak training memory,
-  median iteration time, inference time);
-* the "ours" cell of the config's row in its collection's README results table.
-
-Everything is checked before anything is written: a work dir that is not a finished
-run of one of the zoo's configs, a log without the final metrics, or a checkpoint that
-does not load into the config's model stops the tool with one line per work dir (exit
-status 2) and nothing changes; the files are written atomically.
+The toolkits' ``publish_model.py`` writes the weights file only; this also reads the run's
+metrics, resources and timings from its logs into the config's metafile entry and README
+row (README.md, "Contribute a trained model").  Everything is checked before anything is
+written: one bad work dir stops the tool with one line per work dir (exit status 2) and
+nothing changes; the files are written atomically.
 """
 import argparse
 import os
@@ -34,7 +19,6 @@ from typing import Dict, List, Tuple
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-import _entry  # noqa: E402
 import _metafile  # noqa: E402
 import _zoo  # noqa: E402
 
@@ -73,12 +57,9 @@ def metafile_of(root: str, config: str, name: str) -> Tuple[str, str]:
     """(metafile path, entry name) of a config: the nearest ``metafile.yml`` from the
     config's folder up to configs/<task>/ with an entry of that name (a short-name config,
     ``_base_ = './X.py'`` alone, is published as X's entry)."""
-    names = [name]
     target = _zoo.alias_target(osp.join(root, config))
-    if target is not None:
-        names.append(osp.splitext(osp.basename(target))[0])
-    folder = osp.dirname(osp.join(root, config))
-    top = osp.join(root, *config.split(os.sep)[:2])
+    names = [name] + ([osp.splitext(osp.basename(target))[0]] if target else [])
+    folder, top = osp.dirname(osp.join(root, config)), osp.join(root, *config.split(os.sep)[:2])
     tried = []
     while True:
         path = osp.join(folder, 'metafile.yml')
@@ -86,9 +67,9 @@ def metafile_of(root: str, config: str, name: str) -> Tuple[str, str]:
             tried.append(osp.relpath(path, root))
             with open(path) as f:
                 text = f.read()
-            for entry in names:
-                if _metafile.find_entry(text, entry) is not None:
-                    return path, entry
+            entry = next((n for n in names if _metafile.find_entry(text, n)), None)
+            if entry:
+                return path, entry
         if osp.samefile(folder, top) or osp.dirname(folder) == folder:
             break
         folder = osp.dirname(folder)
@@ -96,67 +77,57 @@ def metafile_of(root: str, config: str, name: str) -> Tuple[str, str]:
                       f"(looked in {', '.join(tried) or 'no metafile.yml'}): add the entry first")
 
 
-def readme_of(root: str, metafile: str, entry: dict) -> str:
-    """The README of the entry's collection (its ``README:``), else the metafile's neighbour."""
-    path = (entry.get('_collection') or {}).get('README')
-    return osp.join(root, path) if path else osp.join(osp.dirname(metafile), 'README.md')
-
-
 def _shown(path: str, root: str) -> str:
     """``path`` relative to ``root`` when inside it (the form the metafiles use)."""
     full = osp.abspath(path)
-    inside = full.startswith(osp.abspath(root) + os.sep)
-    return osp.relpath(full, root) if inside else full
+    return osp.relpath(full, root) if full.startswith(osp.abspath(root) + os.sep) else full
 
 
 def prepare(work_dir: str, args) -> dict:
     """Everything one run publishes, in memory; raises UserInputError for a bad run."""
     run = _zoo.read_run(work_dir, args.root, args.checkpoint)
     _zoo.check_loads_into_model(run)
-    filename, data = _entry.published_checkpoint(run)
-    out_dir = args.out_dir or osp.join(work_dir, 'published')
-    target = osp.join(out_dir, filename)
+    filename, data = _zoo.published_checkpoint(run)
+    target = osp.join(args.out_dir or osp.join(work_dir, 'published'), filename)
     weights = args.weights_url.format(filename=filename, name=run.name) if args.weights_url \
         else _shown(target, args.root)
     metafile, entry_name = metafile_of(args.root, run.config, run.name)
     with open(metafile) as f:
         entry = _metafile.entry_fields(f.read(), entry_name)
+    collection = entry['_collection']
     dataset = (entry.get('Metadata') or {}).get('Training Data') or \
-        (entry['_collection'].get('Metadata') or {}).get('Training Data') or 'COCO'
-    readme = readme_of(args.root, metafile, entry)
+        (collection.get('Metadata') or {}).get('Training Data') or 'COCO'
+    # the README of the entry's collection, else the metafile's neighbour
+    readme = osp.join(args.root, collection['README']) if collection.get('README') else \
+        osp.join(osp.dirname(metafile), 'README.md')
     link = weights if args.weights_url else osp.relpath(osp.abspath(target),
                                                         osp.dirname(readme))
-    return dict(run=run, filename=filename, data=data, target=target, weights=weights,
-                metafile=metafile, entry=entry_name, readme=readme,
-                results=_entry.results_of(run, dataset), metadata=_entry.metadata_of(run),
-                config_link=osp.relpath(osp.join(args.root, run.config), osp.dirname(readme)),
-                cell=_entry.readme_cell(run, link))
+    return dict(run=run, data=data, target=target, weights=weights, metafile=metafile,
+                entry=entry_name, readme=readme, results=_zoo.results_of(run, dataset),
+                metadata=_zoo.metadata_of(run), cell=_zoo.readme_cell(run, link),
+                config_link=osp.relpath(osp.join(args.root, run.config), osp.dirname(readme)))
 
 
-def edited_texts(jobs: List[dict]) -> Dict[str, Tuple[str, str]]:
-    """path -> (old text, new text) of every metafile and README the jobs change."""
-    texts: Dict[str, Tuple[str, str]] = {}
+def edited_texts(jobs: List[dict]) -> Dict[str, str]:
+    """path -> new text of every metafile and README the jobs change."""
+    old: Dict[str, str] = {}
+    new: Dict[str, str] = {}
 
     def current(path: str) -> str:
-        if path not in texts:
+        if path not in old:
             if not osp.isfile(path):
                 raise ConfigError(f'{path} not found: the zoo needs it for the results')
             with open(path) as f:
-                text = f.read()
-            texts[path] = (text, text)
-        return texts[path][1]
+                old[path] = new[path] = f.read()
+        return new[path]
 
     for job in jobs:
-        old = current(job['metafile'])
-        new = _metafile.set_metafile_entry(old, job['entry'], job['results'], job['weights'],
-                                      job['metadata'])
-        _metafile.check_metafile(old, new, job['entry'], job['results'], job['weights'],
-                            job['metadata'])
-        texts[job['metafile']] = (texts[job['metafile']][0], new)
-        readme = current(job['readme'])
-        texts[job['readme']] = (texts[job['readme']][0], _metafile.set_readme_row(
-            readme, job['config_link'], {'ours': job['cell']}, job['readme']))
-    return texts
+        text, values = current(job['metafile']), (job['results'], job['weights'], job['metadata'])
+        new[job['metafile']] = _metafile.set_metafile_entry(text, job['entry'], *values)
+        _metafile.check_metafile(text, new[job['metafile']], job['entry'], *values)
+        new[job['readme']] = _metafile.set_readme_row(
+            current(job['readme']), job['config_link'], {'ours': job['cell']}, job['readme'])
+    return {path: text for path, text in new.items() if text != old[path]}
 
 
 def main(argv=None) -> int:
@@ -173,9 +144,8 @@ def main(argv=None) -> int:
     texts = edited_texts(jobs)
     for job in jobs:  # the checkpoints first: the entries name them
         atomic_write(job['data'], job['target'])
-    for path, (old, new) in texts.items():
-        if new != old:
-            atomic_write(new, path)
+    for path, text in texts.items():
+        atomic_write(text, path)
     for job in jobs:
         run = job['run']
         shown = ', '.join(f'{k} {v}' for result in job['results']
