@@ -1,18 +1,7 @@
-"""What the benchmark tools of this folder share.
-
-* the models they build by name or from a config (:func:`load`), the softmax
-  backbones of mmdet that stand beside the InLine ones (:data:`MMDET_BACKBONES`);
-* the precision a model runs in (:func:`precision`), device synchronisation,
-  timing statistics (:func:`quartiles`), why the GPU cannot be used
-  (:func:`cuda_missing`, :func:`mmcv_cuda_ops_missing`);
-* the machine: the matmul peak per dtype (:func:`matmul_peak_gflops`) and the
-  CPU record every result file carries (:func:`cpu_record`);
-* FLOP counts (:func:`count_macs`) and the log-log slope of latency against pixels.
-
-The peak memory of one forward is measured in ``_bench_memory.py``, the onnxruntime
-rows (a model exported at a fixed size) in ``_bench_onnx.py``.
-
-Imported as ``_bench_common`` (the tools put their own folder on ``sys.path``).
+"""What the benchmark tools of this folder share: the models they build by name or from a
+config, precision and timing, why the GPU cannot be used, the machine's record (CPU,
+matmul peaks) and FLOP counts.  Imported as ``_bench_common`` (the tools put their own
+folder on ``sys.path``).
 """
 import argparse
 import copy
@@ -33,16 +22,6 @@ import torch.nn as nn  # noqa: E402
 from inline_mm.engine.cpu_info import CPU_FLAGS, allocator_settings, read_cpuinfo  # noqa: E402
 from inline_mm.errors import ConfigError  # noqa: E402
 
-#: mmdet's softmax backbones with the settings of PVT-T / Swin-T, as mmdet configs
-#: (also what benchmark_train.py puts into a detector in place of the InLine backbone).
-MMDET_BACKBONES = {
-    'mmdet_pvt_t': dict(type='mmdet.PyramidVisionTransformer', num_layers=[2, 2, 2, 2],
-                        embed_dims=64, num_heads=[1, 2, 5, 8], mlp_ratios=[8, 8, 4, 4],
-                        qkv_bias=True, init_cfg=None),
-    'mmdet_swin_t': dict(type='mmdet.SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2],
-                         num_heads=[3, 6, 12, 24], window_size=7, init_cfg=None),
-}
-
 #: CSWin-T (Dong et al., 2022), the softmax network InLine-CSwin-T was made from, built
 #: from our blocks: the same stripes (1 / 2 / 7 / 7) with softmax in all four stages and
 #: CSWin-T's own depths; neither mmdet nor timm ships a CSWin
@@ -53,8 +32,46 @@ COUNTERPARTS = {'pvt': ('inline_pvt_t', 'mmdet_pvt_t'), 'swin': ('inline_swin_t'
                 'deit': ('inline_deit_t', 'timm_deit_t'), 'cswin': ('inline_cswin_t', 'cswin_t')}
 
 TORCH_DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+#: the InLine backbones' arch names -> the letters of the benchmark names (inline_pvt_t)
+ARCH_LETTERS = {'tiny': 't', 'small': 's', 'medium': 'm', 'large': 'l', 'base': 'b'}
 
-# ---------------------------------------------------------------- models
+
+def softmax_counterpart(backbone: dict) -> Tuple[str, dict]:
+    """(name, mmdet config) of the softmax backbone that takes an InLine backbone's place,
+    with its stages, depths and output widths, so the config's neck fits it: mmdet's
+    ``PyramidVisionTransformer`` (64-channel heads) for ``InLinePVT``, its
+    ``SwinTransformer`` (windows of 7) for ``InLineSwin``; ValueError for others."""
+    import inline_mm
+    from inline_mm.models.backbones.arch import resolve_arch
+    kind = str(backbone.get('type', '')).split('.')[-1]
+    classes = {'InLinePVT': inline_mm.InLinePVT, 'InLineSwin': inline_mm.InLineSwin}
+    if kind not in classes:
+        raise ValueError(f'no softmax counterpart of {kind or backbone!r} in mmdet (InLinePVT '
+                         f'and InLineSwin have one): pass --softmax-backbone NAME or none')
+    cls = classes[kind]
+    arch = backbone.get('arch', 'tiny')
+    keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
+    arch_cfg = resolve_arch(kind, arch, cls.arch_settings,
+                            {k: backbone.get(k) for k in keys if k in backbone})
+    suffix = ARCH_LETTERS.get(arch, 'custom') if isinstance(arch, str) else 'custom'
+    out_indices = list(backbone.get('out_indices', (0, 1, 2, 3)))
+    if kind == 'InLinePVT':
+        dims = list(arch_cfg['embed_dims'])
+        return f'mmdet_pvt_{suffix}', dict(
+            type='mmdet.PyramidVisionTransformer', num_layers=list(arch_cfg['depths']),
+            embed_dims=dims[0], num_heads=[d // 64 for d in dims],  # PVT: 64 channels a head
+            mlp_ratios=list(arch_cfg['mlp_ratios']), qkv_bias=True, out_indices=out_indices,
+            init_cfg=None)
+    return f'mmdet_swin_{suffix}', dict(
+        type='mmdet.SwinTransformer', embed_dims=arch_cfg['embed_dims'],
+        depths=list(arch_cfg['depths']), num_heads=list(arch_cfg['num_heads']),
+        window_size=7, out_indices=out_indices, init_cfg=None)
+
+
+#: mmdet's softmax backbones with the settings of PVT-T / Swin-T, as mmdet configs
+MMDET_BACKBONES = dict(softmax_counterpart(dict(type=t)) for t in ('InLinePVT', 'InLineSwin'))
+
+
 class _ExplicitSoftmax(nn.Module):
     """An InLine backbone whose softmax blocks run the written-out matmuls, not SDPA."""
 
@@ -66,17 +83,6 @@ class _ExplicitSoftmax(nn.Module):
         from inline_mm.models.layers.softmax_attention import explicit_softmax
         with explicit_softmax():
             return self.model(x)
-
-
-class _Features(nn.Module):
-    """The authors' classification model as a backbone: its ``forward_features``."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x):
-        return self.model.forward_features(x)
 
 
 def build_backbone(name: str) -> nn.Module:
@@ -91,7 +97,7 @@ def build_backbone(name: str) -> nn.Module:
     if name.startswith('inline_'):
         families = {'pvt': inline_mm.InLinePVT, 'swin': inline_mm.InLineSwin,
                     'cswin': inline_mm.InLineCSWin, 'deit': inline_mm.InLineDeiT}
-        sizes = {'t': 'tiny', 's': 'small', 'm': 'medium', 'l': 'large', 'b': 'base'}
+        sizes = {letter: arch for arch, letter in ARCH_LETTERS.items()}
         parts = name.split('_')
         cls = families.get(parts[1]) if len(parts) == 3 else None
         arch = sizes.get(parts[2]) if len(parts) == 3 else None
@@ -105,10 +111,10 @@ def build_backbone(name: str) -> nn.Module:
         from mmdet.registry import MODELS
         return MODELS.build(copy.deepcopy(MMDET_BACKBONES[name]))
     if name == 'authors_pvt_t':  # the authors' code, from --reference-dir (not bundled)
-        import importlib
-        module = importlib.import_module('inline_pvt')
-        return _Features(module.inline_pvt_tiny(img_size=224, attn_type='IIII',
-                                                la_sr_ratios='1111'))
+        import inline_pvt
+        model = inline_pvt.inline_pvt_tiny(img_size=224, attn_type='IIII', la_sr_ratios='1111')
+        model.forward = model.forward_features  # their classifier as a backbone
+        return model
     if name == 'cswin_t':  # CSWin-T itself: softmax stripes in every stage, its own depths
         return inline_mm.InLineCSWin(arch=CSWIN_T)
     if name == 'timm_deit_t':
@@ -122,31 +128,13 @@ def build_backbone(name: str) -> nn.Module:
                       f'mmdet_swin_t, timm_deit_t, cswin_t, or --config')
 
 
-def _whole_model_class():
-    from inline_mm.engine.runner_utils import TensorModeForward
-
-    class WholeModel(TensorModeForward):
-        """Tensor-mode forward of a detector / segmentor (backbone, neck and heads).
-
-        ``amp_parts`` names what ``bf16`` / ``fp16`` autocasts: the backbone and
-        the neck of a detector, None (all) for a segmentor.
-        """
-
-        def __init__(self, model: nn.Module, task: str) -> None:
-            from inline_mm.engine.amp import amp_parts
-            super().__init__(model, task)
-            self.amp_parts = amp_parts(task)
-
-    return WholeModel
-
-
 def build_from_config(path: str, cfg_options: Optional[dict] = None) -> nn.Module:
     """The whole model of a config (random weights, ``--cfg-options`` applied) as an
-    image -> outputs module."""
+    image -> outputs module (its ``task`` says what :func:`precision` autocasts)."""
     from inline_mm.engine.launch import load_config
-    from inline_mm.engine.runner_utils import build_model, task_of
+    from inline_mm.engine.runner_utils import TensorModeForward, build_model, task_of
     cfg = load_config(path, cfg_options)
-    return _whole_model_class()(build_model(cfg), task_of(cfg))
+    return TensorModeForward(build_model(cfg), task_of(cfg))
 
 
 def load(spec: str, cfg_options: Optional[dict] = None) -> nn.Module:
@@ -159,7 +147,7 @@ def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-# ---------------------------------------------------------------- precision, timing
+# ---------------------------------------------------------------- precision, devices
 def autocast(dtype: str, device: str):
     if dtype == 'fp32':
         return torch.autocast(device_type=device, enabled=False)
@@ -168,14 +156,14 @@ def autocast(dtype: str, device: str):
 
 @contextmanager
 def precision(model: nn.Module, dtype: str, device: str) -> Iterator[None]:
-    """The context ``model`` runs in for ``dtype``: autocast of the whole forward,
-    or of ``model.amp_parts`` only (detector configs, see :func:`build_from_config`)."""
-    parts = getattr(model, 'amp_parts', None)
+    """The context ``model`` runs in for ``dtype``: autocast of the whole forward, or of
+    the backbone and neck only for a detector (mmcv's CPU RoIAlign / NMS take fp32 only)."""
+    from inline_mm.engine.amp import amp_parts, autocast_parts
+    parts = amp_parts(model.task) if hasattr(model, 'task') else None
     if dtype == 'fp32' or parts is None:
         with autocast(dtype, device):
             yield
         return
-    from inline_mm.engine.amp import autocast_parts
     with autocast_parts(model.model, parts, TORCH_DTYPES[dtype], enabled=False).enable():
         yield
 
@@ -184,6 +172,22 @@ def sync(device: str) -> None:
     """Wait for the device's queued kernels (CUDA runs asynchronously; a timer must not)."""
     if device == 'cuda':
         torch.cuda.synchronize()
+
+
+def cuda_peak_mb(step) -> float:
+    """The CUDA allocator's peak during ``step()`` over what was allocated before it, MiB."""
+    sync('cuda')
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    sync('cuda')
+    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+
+def first_line(err: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message``, blanks collapsed, at most ``limit`` characters."""
+    text = ' '.join(str(err).strip().splitlines()[0].split()) if str(err).strip() else ''
+    return f'{type(err).__name__}: {text}'[:limit]
 
 
 def cuda_missing(fix: str = 'pass --device cpu') -> Optional[str]:
@@ -212,11 +216,31 @@ def mmcv_cuda_ops_missing() -> Optional[str]:
         torch.cuda.synchronize()
     except Exception as err:  # noqa: BLE001  (any failure means: no usable CUDA ops)
         import mmcv
-        first = ' '.join(str(err).strip().splitlines()[0].split()) if str(err).strip() else ''
-        return (f'mmcv {mmcv.__version__} has no usable CUDA ops here ({type(err).__name__}: '
-                f'{first[:200]}); install an mmcv built with CUDA (MMCV_WITH_OPS=1 '
-                f'FORCE_CUDA=1, or an OpenMMLab wheel for this torch and CUDA)')
+        return (f'mmcv {mmcv.__version__} has no usable CUDA ops here ({first_line(err, 240)}); '
+                f'install an mmcv built with CUDA (MMCV_WITH_OPS=1 FORCE_CUDA=1, or an '
+                f'OpenMMLab wheel for this torch and CUDA)')
     return None
+
+
+def use_device(device: str, threads: int, *checks) -> None:
+    """CPU: ``threads`` intra-op threads (on a GPU they would only slow the host side).
+    GPU: one ``error:`` line and exit status 2 where :func:`cuda_missing` or one of
+    ``checks`` says why it cannot be used."""
+    if device == 'cpu':
+        torch.set_num_threads(threads)
+        return
+    missing = next(filter(None, (check() for check in (cuda_missing, *checks))), None)
+    if missing:
+        print(f'error: {missing}', file=sys.stderr)
+        sys.exit(2)
+
+
+def machine(device: str, threads: int) -> dict:
+    """Where a result was measured, for its JSON file (threads: CPU runs only)."""
+    on_cpu = device == 'cpu'
+    return dict(device=device, device_name=f'CPU ({os.cpu_count()} cores visible)' if on_cpu
+                else torch.cuda.get_device_name(), threads=threads if on_cpu else None,
+                torch=torch.__version__, cuda=None if on_cpu else torch.version.cuda)
 
 
 def quartiles(times: List[float]) -> Tuple[float, float, float]:
@@ -240,18 +264,24 @@ def add_peak_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--peak-repeats', type=int, default=3)
 
 
+def add_timing_args(parser: argparse.ArgumentParser, device: str, warmup: int,
+                    dtypes_help: Optional[str] = None) -> None:
+    """The options of the tools that time passes: precisions, device, passes, the peak."""
+    parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'bf16', 'fp16'],
+                        help=dtypes_help)
+    parser.add_argument('--device', choices=['cpu', 'cuda'], default=device)
+    parser.add_argument('--threads', type=int, default=2,
+                        help='intra-op threads of a CPU run (not set on a GPU)')
+    parser.add_argument('--warmup', type=int, default=warmup)
+    parser.add_argument('--repeats', type=int, default=5)
+    add_peak_args(parser)
+
+
 def matmul_peak_gflops(dtype: str, device: str, n: int = 4096, repeats: int = 3,
                        budget_s: float = 10.0) -> Tuple[float, int]:
-    """The machine's matmul rate for ``dtype``: best of ``repeats`` ``n x n @ n x n``
-    products (``2 n^3`` FLOPs each), in GFLOP/s, after one warm-up product.
-
-    When a 512-sized probe shows that one ``n``-sized product would take more
-    than ``budget_s`` (a dtype without fast kernels on this machine, e.g. bf16
-    on an AVX2-only CPU), the side shrinks to fit the budget.
-
-    Returns:
-        (GFLOP/s, side of the matmul actually used)
-    """
+    """(GFLOP/s, side used): the best of ``repeats`` ``n x n`` matmuls in ``dtype`` after a
+    warm-up one.  The side shrinks while a 512-sized probe says one product would take over
+    ``budget_s`` (a dtype without fast kernels here, e.g. bf16 on an AVX2-only CPU)."""
     def best_time(side: int, times: int) -> float:
         a = torch.randn(side, side, device=device, dtype=TORCH_DTYPES[dtype])
         b = torch.randn(side, side, device=device, dtype=TORCH_DTYPES[dtype])
@@ -276,14 +306,9 @@ def matmul_peak_gflops(dtype: str, device: str, n: int = 4096, repeats: int = 3,
 def cpu_record(peaks: Optional[Dict[str, float]] = None,
                peak_sizes: Optional[Dict[str, int]] = None, n: int = 4096,
                repeats: int = 3) -> dict:
-    """The CPU a result was measured on, for its JSON file.
-
-    Its model name, whether it has the flags of :data:`CPU_FLAGS` (None where
-    /proc/cpuinfo is missing), the cores visible, torch's intra-op threads, the
-    load average, the allocator settings (:func:`allocator_settings`), and the fp32 and
-    bf16 matmul peaks measured now with those threads (see :func:`matmul_peak_gflops`).
-    A dtype in ``peaks`` (the tool's own CPU measurement of this run) is reused.
-    """
+    """The CPU a result was measured on, for its JSON file: model name, :data:`CPU_FLAGS`
+    (None without /proc/cpuinfo), cores, threads, load, allocator settings, and the fp32 /
+    bf16 matmul peaks measured now, unless in ``peaks`` (the tool's own CPU measurement)."""
     model, flags = read_cpuinfo()
     peaks, sizes = dict(peaks or {}), dict(peak_sizes or {})
     for dtype in ('fp32', 'bf16'):
@@ -348,9 +373,9 @@ def count_macs(name: str, model: nn.Module, size: Tuple[int, int]) -> Optional[i
 
 
 def slope(points: List[Tuple[int, float]]) -> float:
-    """Least-squares slope of log(latency) against log(pixels)."""
-    xs = [math.log(p) for p, _ in points]
-    ys = [math.log(t) for _, t in points]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float('nan')
+    """Least-squares slope of log(latency) against log(pixels) (nan for a single size)."""
+    xs, ys = zip(*((math.log(p), math.log(t)) for p, t in points))
+    try:
+        return statistics.linear_regression(xs, ys).slope
+    except statistics.StatisticsError:
+        return float('nan')

@@ -3,11 +3,8 @@
 On the CPU the peak resident memory of a fresh process that builds the model again
 (the kernel's VmHWM mark, reset after the build), so neither the build nor the models
 timed before count; on a GPU the CUDA allocator's peak during one forward.
-
-Imported as ``_bench_memory`` (the tools put their own folder on ``sys.path``).
 """
 import json
-import os
 import os.path as osp
 import subprocess
 import sys
@@ -16,21 +13,12 @@ from typing import Optional, Sequence
 import torch
 import torch.nn as nn
 
-from _bench_common import load, num_params, precision, sync
+from _bench_common import cuda_peak_mb, load, num_params, precision
 
 
 def _status_kib(field: str) -> int:
     with open('/proc/self/status') as f:
-        for line in f:
-            if line.startswith(field + ':'):
-                return int(line.split()[1])
-    raise RuntimeError(f'{field} not in /proc/self/status')
-
-
-def reset_peak_rss() -> None:
-    """Reset the kernel's peak-RSS mark (VmHWM) of this process (Linux >= 4.0)."""
-    with open('/proc/self/clear_refs', 'w') as f:
-        f.write('5')
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ':'))
 
 
 def peak_memory_mb(spec: str, size: Sequence[int], batch: int, dtype: str, device: str,
@@ -49,13 +37,11 @@ def peak_memory_mb(spec: str, size: Sequence[int], batch: int, dtype: str, devic
         if model is None:
             model = load(spec, cfg_options).to(device).eval()
         x = torch.randn(batch, 3, *size, device=device)
-        sync(device)
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        with torch.inference_mode(), precision(model, dtype, device):
-            model(x)
-        sync(device)
-        return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+
+        def forward():
+            with torch.inference_mode(), precision(model, dtype, device):
+                model(x)
+        return cuda_peak_mb(forward)
     # the options are literals (mmengine's DictAction parses them): their repr is code
     code = (f'import sys; sys.argv=[""]; sys.path.insert(0, {osp.dirname(__file__)!r}); '
             f'import _bench_memory as b; print(b._child_peak({spec!r}, {tuple(size)!r}, '
@@ -75,15 +61,15 @@ def _child_peak(spec: str, size, batch: int, dtype: str, threads: int,
     """In the fresh process of :func:`peak_memory_mb`: JSON with the peak and the
     model's parameter count."""
     torch.set_num_threads(threads)
-    if os.environ.get('INLINE_MM_REFERENCE_DIR'):
-        sys.path.insert(0, os.environ['INLINE_MM_REFERENCE_DIR'])
     model = load(spec, cfg_options)
     model.eval()
     x = torch.randn(batch, 3, *size)
     with torch.inference_mode(), precision(model, dtype, 'cpu'):
         model(torch.randn(batch, 3, 64, 64))  # lazy initialisation outside the measurement
-        # the peak of the import / build phase must not hide the forward's peak
-        reset_peak_rss()
+        # the peak of the import / build phase must not hide the forward's peak: reset the
+        # kernel's peak-RSS mark (VmHWM) of this process (Linux >= 4.0)
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
         base = _status_kib('VmRSS')
         model(x)
         peak = _status_kib('VmHWM')

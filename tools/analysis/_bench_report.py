@@ -1,10 +1,5 @@
-"""benchmark.py's report: the summaries of its rows, the printed table and the plot.
-
-:func:`summarise` derives the ratios (InLine / softmax, reduced precision / fp32,
-compiled or onnxruntime / eager) and the log-log slopes from the rows;
-:func:`print_table` prints them with the rows; :func:`plot` draws latency against
-pixels.  Imported as ``_bench_report`` (the tools put their own folder on ``sys.path``).
-"""
+"""benchmark.py's report: the summaries of its rows (ratios, log-log slopes), the printed
+table and the plot of latency against pixels."""
 from typing import Dict, List, Optional, Tuple
 
 from _bench_common import COUNTERPARTS, describe_cpu, slope
@@ -47,10 +42,8 @@ def _twin(rows: List[dict], row: dict, **change) -> Optional[dict]:
 
 
 def _series(r: dict) -> tuple:
-    where = ' onnxruntime' if r['runtime'] == 'onnxruntime' else ''
-    if r['runtime'] == 'compiled':
-        where = ' compiled'
-    return r['model'], r['batch'], r['dtype'] + where
+    return r['model'], r['batch'], r['dtype'] + ('' if r['runtime'] == 'torch' else
+                                                 ' ' + r['runtime'])
 
 
 def summarise(rows: List[dict], compare: List[str]) -> dict:

@@ -9,7 +9,6 @@ generator of annotation files of this size.
 import json
 import os
 import os.path as osp
-from typing import List
 
 #: COCO 2017's sizes (instances_train2017.json / instances_val2017.json)
 COCO_SIZES = {'train2017': (118287, 860001), 'val2017': (5000, 36781)}
@@ -19,11 +18,6 @@ COCO_CAT_IDS = [i for i in range(1, 91) if i not in (12, 26, 29, 30, 45, 66, 68,
 IMAGE_SIZE = (640, 480)
 #: bump when the generated files change, so that a kept --data-dir is rewritten
 DATA_VERSION = 2
-
-
-def _coco_classes() -> List[str]:
-    from mmdet.datasets import CocoDataset
-    return list(CocoDataset.METAINFO['classes'])
 
 
 def _polygon_annotations(rng, image_ids, first_id: int, width: int, height: int) -> list:
@@ -104,8 +98,9 @@ def write_split(root: str, split: str, num_images: int, num_anns: int, seed: int
             anns = _polygon_annotations(rng, image_of[start:start + chunk], start + 1,
                                         width, height)
             f.write((', ' if start else '') + json.dumps(anns)[1:-1])
+        from mmdet.datasets import CocoDataset
         cats = [{'supercategory': 'object', 'id': i, 'name': name}
-                for i, name in zip(COCO_CAT_IDS, _coco_classes())]
+                for i, name in zip(COCO_CAT_IDS, CocoDataset.METAINFO['classes'])]
         f.write('], "categories": ' + json.dumps(cats) + '}')
     os.replace(tmp, path)
     return path

@@ -8,76 +8,47 @@
     python tools/analysis/benchmark.py --config configs/det/mask_rcnn_inline_pvt.py \\
         --sizes 1333x800 --cfg-options model.backbone.arch=small
 
-Sizes are ``WIDTHxHEIGHT`` (``1333x800``, as mmdet writes its scales) or ``N``
-for ``NxN``.  ``--cfg-options`` changes the configs of ``--config`` (also in
-the subprocesses that measure peak memory, which build the model again).
+What the toolkits' ``benchmark.py`` (one model over its test set) cannot: backbones by
+name and whole models at given sizes (``WIDTHxHEIGHT`` or ``N``), against their softmax
+counterparts, interleaved round by round so that machine noise hits all alike; the
+InLine / softmax, reduced precision / fp32, compiled / eager and onnxruntime / PyTorch
+ratios, the log-log slope of latency against pixels, and the achieved GFLOP/s against
+the machine's matmul peak measured in the same run.  Writes JSON and a log-log PNG.
 
-Latency is the median (with the 25-75 % spread) of ``--repeats`` forward passes
-after ``--warmup`` passes, models interleaved round by round so that machine
-noise hits all of them alike.  Peak memory is, on the CPU, the increase of the
-process's peak RSS during one forward over the loaded model, measured in a fresh
-subprocess per model and size; on a GPU (``--device cuda``, the default when one
-is visible), the increase of ``torch.cuda.max_memory_allocated`` during one
-forward of the timed model, in the same process.  On a GPU every timed pass is
-bracketed by ``torch.cuda.synchronize`` and ``--threads`` is not applied.
-Writes JSON and a log-log PNG (latency against pixels, one line per model) and
-prints a table with the InLine / softmax ratio per size, the bf16 / fp32 ratio
-when both run, and the log-log slope of latency against pixel count for every
-model.  The JSON's ``cpu`` entry names the CPU (model, AVX2 / AVX-512 / bf16 /
-AMX flags, threads, load) and its fp32 and bf16 matmul peaks of this run.
+Latency: the median (and 25-75 % spread) of ``--repeats`` passes after ``--warmup``.
+Peak memory: on the CPU the increase of the peak RSS during one forward, in a fresh
+subprocess per model and size (``--cfg-options`` reach it too); on a GPU the increase of
+``torch.cuda.max_memory_allocated`` during one forward of the timed model (every timed
+pass bracketed by ``torch.cuda.synchronize``, ``--threads`` not applied).  ``fp16`` /
+``bf16`` autocast the whole forward of a backbone, the backbone and neck of a detector
+(mmcv's CPU RoIAlign / NMS take fp32 only).  FLOPs: mmengine's ``FlopAnalyzer`` once per
+model and size (one multiply-add = 2 FLOPs here).
 
-``--dtypes fp32 fp16 bf16`` runs every model in each: ``fp16`` / ``bf16`` are
-``torch.autocast`` of the whole forward for backbones, and of the backbone and
-the neck for detector configs (mmcv's CPU RoIAlign / NMS take fp32 only).
-Each row also gives the achieved GFLOP/s: the model's FLOPs at that size
-(mmengine's ``FlopAnalyzer``, traced, counted once per model and size, one
-multiply-add = 2 FLOPs here) over the median latency, and its share of the
-machine's matmul peak for that dtype, measured in the same run (best of a few
-``--peak-size`` square matmuls).
-
-``--compile`` adds, for every row, a row of the same model through
-``torch.compile(dynamic=True)`` (inductor; runtime ``compiled``): one
-compilation serves every size, and the row's ``compile_s`` is the first pass
-at that size, compilation included; the table gives compiled / eager per row.
-``--compile-static`` compiles with ``dynamic=False`` instead: static shapes, one
-compilation per size.
-All passes then run under ``torch.no_grad`` (eager too), not ``inference_mode``,
-and a compiled model that fails is a failed row (``failed_rows``), not the end
-of the run.
-
-``--profile`` runs one more pass of every model per size and dtype under
-``torch.profiler`` and writes its 20 costliest operators (self CPU time) into
-``OUT/profile/`` (compiled models: inductor's kernels and the library calls
-they make).
-
-``--onnxruntime`` adds, for every fp32 row, an onnxruntime (CPU) row of the
-same model and size: the model is exported once per size with a fixed input
-shape (the softmax counterparts do not all export with dynamic sizes; a fixed
-shape also lets onnxruntime fold the size arithmetic) and timed with
-``--threads`` intra-op threads (needs the ``deploy`` extra).  Backbones export
-whole, segmentor configs export whole (logits at the input size), detector
-configs export backbone + neck (their RoI heads need mmdeploy); the row's
-``part`` says which.  The table then gives onnxruntime / PyTorch per row
-(not for a detector's backbone + neck: its PyTorch row is the whole model).
+``--compile`` adds rows through ``torch.compile`` (``dynamic=True``: one compilation for
+all sizes, the row's ``compile_s`` is the first pass at its size; ``--compile-static``:
+one per size); all passes then run under ``torch.no_grad`` and a compiled model that
+fails is a failed row.  ``--onnxruntime`` adds an onnxruntime (CPU) row per fp32 row,
+exported at a fixed shape (the row's ``part``; no onnxruntime / PyTorch ratio for a
+detector's backbone + neck, whose PyTorch row is the whole detector).  ``--profile``
+writes the 20 costliest operators of one more pass per model into ``OUT/profile/``.
 """
 import argparse
-import json
 import os
 import os.path as osp
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Tuple
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+from mmengine import dump  # noqa: E402
 # (MMDET_BACKBONES, autocast, build_backbone, build_from_config, slope: used as benchmark.X)
-from _bench_common import (COUNTERPARTS, MMDET_BACKBONES, add_peak_args,  # noqa: E402,F401
+from _bench_common import (COUNTERPARTS, MMDET_BACKBONES, add_timing_args,  # noqa: E402,F401
                            autocast, build_backbone, build_from_config, count_macs,
-                           cpu_record, cuda_missing, latency_ms, load, matmul_peak_gflops,
-                           num_params, precision, slope, sync)
+                           cpu_record, latency_ms, load, machine, matmul_peak_gflops,
+                           num_params, precision, slope, sync, use_device, first_line)
 from _bench_memory import peak_memory_mb  # noqa: E402
 from _bench_onnx import time_onnxruntime_rows  # noqa: E402
 from _bench_report import plot, print_table, summarise  # noqa: E402
@@ -103,9 +74,6 @@ def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup
     (a compiled model's compilation for this size and dtype happens there; without
     warm-up passes it falls into the timed ones and ``first`` is empty), and the error
     of every compiled twin that failed (removed from ``models``: the other rows go on).
-
-    With compiled twins every pass runs under ``torch.no_grad``, eager ones too (the
-    same mode for both; see :func:`_grad_off`).
     """
     x = torch.randn(batch, 3, *size, device=device)
     times = {name: [] for name in models}
@@ -118,7 +86,7 @@ def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup
         except Exception as err:  # noqa: BLE001  (a compiled twin that fails: keep the rest)
             if not name.endswith(COMPILED):
                 raise
-            errors[name] = f'{type(err).__name__}: {err}'.strip().splitlines()[0][:300]
+            errors[name] = first_line(err)
             progress(f'  {name} failed: {errors[name]}')
             del models[name], times[name]
             return False
@@ -161,11 +129,10 @@ def profile_models(models: Dict[str, nn.Module], size, batch, dtype, device, fol
                 profile(activities=activities) as prof:
             model(x)
             sync(device)
-        path = osp.join(folder, f"{name.replace('/', '_')}_{format_size(size)}_b{batch}_"
-                        f"{dtype}.txt")
-        with open(path, 'w') as f:
+        paths.append(osp.join(folder, f"{name.replace('/', '_')}_{format_size(size)}_b{batch}_"
+                              f"{dtype}.txt"))
+        with open(paths[-1], 'w') as f:
             f.write(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=top))
-        paths.append(path)
     return paths
 
 
@@ -181,20 +148,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_size_option(parser, '--sizes', many=True, default=['224', '512', '1333x800',
                                                           '2048x1024'], help='input sizes')
     parser.add_argument('--batch-sizes', type=int, nargs='+', default=[1])
-    parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'bf16', 'fp16'])
-    parser.add_argument('--threads', type=int, default=2,
-                        help='intra-op threads of the CPU runs (not set on a GPU)')
-    parser.add_argument('--device', choices=['cpu', 'cuda'],
-                        default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--warmup', type=int, default=2)
-    parser.add_argument('--repeats', type=int, default=5)
+    add_timing_args(parser, 'cuda' if torch.cuda.is_available() else 'cpu', warmup=2)
     parser.add_argument('--no-memory', action='store_true', help='skip peak-memory runs')
     add_size_option(parser, '--memory-sizes', many=True,
                     help='measure peak memory at these sizes only (default: all)')
     parser.add_argument('--no-flops', action='store_true',
                         help='skip the FLOP counts (no GFLOP/s columns); the CPU record '
                         'still measures its fp32 / bf16 matmul peaks')
-    add_peak_args(parser)
     parser.add_argument('--compile', action='store_true',
                         help='also time every model through torch.compile(dynamic=True)')
     parser.add_argument('--compile-static', action='store_true',
@@ -212,7 +172,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument('--reference-dir',
                         help="the authors' models/ folder: enables the model 'authors_pvt_t'")
     args = parser.parse_args(argv)
-    args.specs = [n for fam in args.compare for n in COUNTERPARTS[fam] if n] + args.models + \
+    args.specs = [n for fam in args.compare for n in COUNTERPARTS[fam]] + args.models + \
         args.config
     if not args.specs:
         parser.error('name what to run: --compare, --models and / or --config')
@@ -227,19 +187,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def prepare(args) -> None:
     """Device, threads and optional dependencies checked before anything is built."""
-    if args.device == 'cuda':
-        missing = cuda_missing()
-        if missing:
-            print(f'error: {missing}', file=sys.stderr)
-            sys.exit(2)
-    else:  # thread settings are the CPU's: on a GPU they would only slow the host side
-        torch.set_num_threads(args.threads)
+    use_device(args.device, args.threads)
     if args.onnxruntime:
         from inline_mm.deploy.onnx_export import require_onnx
         require_onnx()
-    if args.reference_dir:
+    if args.reference_dir:  # here and in the processes that measure memory
         sys.path.insert(0, osp.abspath(args.reference_dir))
-        os.environ['INLINE_MM_REFERENCE_DIR'] = osp.abspath(args.reference_dir)
+        os.environ['PYTHONPATH'] = os.pathsep.join(
+            filter(None, [osp.abspath(args.reference_dir), os.environ.get('PYTHONPATH')]))
 
 
 def _progress(msg: str) -> None:
@@ -248,13 +203,11 @@ def _progress(msg: str) -> None:
 
 def measure_peaks(args) -> Tuple[Dict[str, float], Dict[str, int]]:
     """The matmul peak of the run's device for every dtype (none with ``--no-flops``)."""
-    peaks: Dict[str, float] = {}
-    sizes: Dict[str, int] = {}
-    if not args.no_flops:
-        for dtype in args.dtypes:
-            peaks[dtype], sizes[dtype] = matmul_peak_gflops(dtype, args.device, args.peak_size,
-                                                            args.peak_repeats)
-            _progress(f'matmul peak {dtype} ({sizes[dtype]}^3): {peaks[dtype]:.1f} GFLOP/s')
+    peaks, sizes = {}, {}
+    for dtype in [] if args.no_flops else args.dtypes:
+        peaks[dtype], sizes[dtype] = matmul_peak_gflops(dtype, args.device, args.peak_size,
+                                                        args.peak_repeats)
+        _progress(f'matmul peak {dtype} ({sizes[dtype]}^3): {peaks[dtype]:.1f} GFLOP/s')
     return peaks, sizes
 
 
@@ -273,47 +226,51 @@ def build_models(args) -> Dict[str, nn.Module]:
     return models
 
 
-def _add_gflops(row: dict, macs: Optional[int], peak: Optional[float]) -> None:
+def _row(base: dict, times: List[float], macs, peak, **fields) -> dict:
+    """A timed row: latency, throughput and, where ``macs`` were counted, GFLOP/s."""
+    row = dict(base, **fields, latency_ms=latency_ms(times))
+    seconds = row['latency_ms']['median'] / 1e3
+    row['throughput_img_s'] = row['batch'] / seconds
     if macs is not None:
         row['gflop'] = 2 * macs * row['batch'] / 1e9  # one multiply-add = 2 FLOPs
-        row['gflop_per_s'] = row['gflop'] / (row['latency_ms']['median'] / 1e3)
+        row['gflop_per_s'] = row['gflop'] / seconds
         row['peak_fraction'] = row['gflop_per_s'] / peak
+    return row
 
 
 def measure(args, models: Dict[str, nn.Module], peaks: Dict[str, float]
             ) -> Tuple[List[dict], List[dict]]:
     """Time every model at every dtype, batch and size (rows), onnxruntime rows beside.
 
-    Returns the rows and the onnxruntime rows of models that did not export.
+    Returns the rows and the failed rows (compiled twins, models that did not export).
     """
-    rows: List[dict] = []
-    failed: List[dict] = []
-    memory_sizes = None if args.memory_sizes is None else set(args.memory_sizes)
+    rows, failed = [], []
     for dtype in args.dtypes:
         for batch in args.batch_sizes:
             for size in args.sizes:
                 base = dict(height=size[0], width=size[1], pixels=size[0] * size[1],
                             batch=batch, dtype=dtype)
+
+                def macs(spec):
+                    return None if args.no_flops else count_macs(spec, models[spec], size)
+
                 times, first, errors = time_models(models, size, batch, dtype, args.device,
                                                    args.warmup, args.repeats, _progress)
-                for name, error in errors.items():
-                    failed.append(dict(model=name[:-len(COMPILED)], **base, runtime='compiled',
-                                       error=error))
+                failed += [dict(model=name[:-len(COMPILED)], **base, runtime='compiled',
+                                error=error) for name, error in errors.items()]
                 if args.profile:
                     for path in profile_models(models, size, batch, dtype, args.device,
                                                osp.join(args.out, 'profile')):
                         _progress(f'  profile: {path}')
                 for name, ts in times.items():
-                    spec = name[:-len(COMPILED)] if name.endswith(COMPILED) else name
-                    row = dict(model=spec, **base, params=num_params(models[spec]),
-                               latency_ms=latency_ms(ts))
-                    row['throughput_img_s'] = batch / (row['latency_ms']['median'] / 1e3)
-                    if not args.no_flops:
-                        _add_gflops(row, count_macs(spec, models[spec], size), peaks[dtype])
+                    spec = name.removesuffix(COMPILED)
+                    row = _row(dict(model=spec, **base), ts, macs(spec), peaks.get(dtype),
+                               params=num_params(models[spec]))
                     if name != spec:  # the compiled twin: its memory is not measured
                         rows.append(dict(row, runtime='compiled', compile_s=first.get(name)))
                         continue
-                    if not args.no_memory and (memory_sizes is None or size in memory_sizes):
+                    if not args.no_memory and (args.memory_sizes is None or
+                                               size in args.memory_sizes):
                         _progress(f'  peak memory of {spec} at {format_size(size)}')
                         row['peak_mem_mb'] = peak_memory_mb(
                             spec, size, batch, dtype, args.device, args.threads, models[spec],
@@ -327,35 +284,26 @@ def measure(args, models: Dict[str, nn.Module], peaks: Dict[str, float]
                     row = dict(model=spec, **base, runtime='onnxruntime', part=res['part'])
                     if 'error' in res:
                         failed.append(dict(row, error=res['error']))
-                        continue
-                    row.update(latency_ms=latency_ms(res['times']), export_s=res['export_s'])
-                    row['throughput_img_s'] = batch / (row['latency_ms']['median'] / 1e3)
-                    # GFLOP/s where the exported graph is the PyTorch row's (backbones)
-                    if not args.no_flops and res['part'] == 'backbone':
-                        _add_gflops(row, count_macs(spec, models[spec], size), peaks[dtype])
-                    rows.append(row)
+                    else:  # GFLOP/s where the exported graph is the PyTorch row's (backbones)
+                        rows.append(_row(row, res['times'], macs(spec) if res['part'] ==
+                                         'backbone' else None, peaks.get(dtype),
+                                         export_s=res['export_s']))
     return rows, failed
 
 
 def write(results: dict, out: str) -> None:
-    os.makedirs(out, exist_ok=True)
-    with open(osp.join(out, 'benchmark.json'), 'w') as f:
-        json.dump(results, f, indent=2)
+    dump(results, osp.join(out, 'benchmark.json'), file_format='json', indent=2)
     plot(results, osp.join(out, 'benchmark.png'))
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     prepare(args)
-    device = args.device
     peaks, peak_sizes = measure_peaks(args)
     models = build_models(args)
     rows, failed = measure(args, models, peaks)
-    on_cpu = device == 'cpu'
-    results = dict(device=device, device_name=torch.cuda.get_device_name() if not on_cpu else
-                   f'CPU ({os.cpu_count()} cores visible)', threads=args.threads if on_cpu
-                   else None, torch=torch.__version__,
-                   cuda=None if on_cpu else torch.version.cuda,
+    on_cpu = args.device == 'cpu'
+    results = dict(**machine(args.device, args.threads),
                    warmup=args.warmup, repeats=args.repeats,
                    command=' '.join([osp.relpath(__file__)] + (argv or sys.argv[1:])),
                    compile_backend=args.compile_backend if args.compile else None,

@@ -8,34 +8,31 @@ Why not the toolkits' own: mmdet's ``analysis_tools/benchmark.py`` moves the mod
 to CUDA unconditionally and allows one process; mmseg's has no launcher, a fixed 200
 iterations of batch 1 and no data time.  This one runs on the CPU or GPUs, N processes.
 
-The detection speed benchmark as mmdet users run it: every process runs the
-model (test mode, batch size 1 by default) over its share of the test
-dataloader.  After ``--warmup`` iterations it records, per iteration, the time
-spent waiting for data and the time of the model step; it reports images/s
-per process and in total (the sum over processes), with the data-loading time
-shown apart.  Progress is logged through mmengine every ``--log-interval``.
-``--out`` writes the figures as JSON, with the CPU (model, flags, its fp32 /
-bf16 matmul peaks measured by process 0 after the timed iterations).
+Every process runs the model (test mode) over its share of the test dataloader and
+records, after ``--warmup`` iterations, the time spent waiting for data and the time of
+the model step; images/s per process and in total (the sum over processes), the
+data-loading time apart.  ``--out``: the figures as JSON, with the CPU record (its
+matmul peaks measured by process 0 after the timed iterations).
 """
 import argparse
-import json
 import os
 import os.path as osp
 import sys
 import time
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
-from mmengine.dist import all_gather_object, get_rank, get_world_size, init_dist  # noqa: E402
+from mmengine import dump  # noqa: E402
+from mmengine.dist import all_gather_object, get_rank, get_world_size  # noqa: E402
 from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.runner import Runner, load_checkpoint  # noqa: E402
-from _bench_common import add_peak_args, cpu_record, describe_cpu  # noqa: E402
+from _bench_common import add_peak_args, cpu_record, describe_cpu, sync  # noqa: E402
 
 from inline_mm.checkpoint import mmengine_checkpoint_globals  # noqa: E402
-from inline_mm.engine.dist import finish_distributed, prepare_distributed  # noqa: E402
-from inline_mm.engine.launch import add_runner_args, cli_main, load_config  # noqa: E402
+from inline_mm.engine.dist import finish_distributed  # noqa: E402
+from inline_mm.engine.launch import (add_runner_args, cli_main, init_process_group,  # noqa: E402
+                                     load_config)
 from inline_mm.engine.runner_utils import build_model, check_datasets  # noqa: E402
 from inline_mm.errors import MissingFileError  # noqa: E402
 
@@ -60,10 +57,7 @@ def main(argv=None) -> dict:
     cfg = load_config(args.config, args.cfg_options, args.launcher)
     if args.checkpoint and not os.path.isfile(args.checkpoint):
         raise MissingFileError(f'checkpoint {args.checkpoint!r} not found')
-    if args.launcher != 'none':
-        prepare_distributed(cfg, args.launcher)  # CPU: gloo process group
-        if not torch.distributed.is_initialized():
-            init_dist(args.launcher, **cfg.get('env_cfg', {}).get('dist_cfg', {}))
+    init_process_group(cfg, args.launcher)  # CPU: a gloo process group
     logger = MMLogger.get_instance('inline_mm_benchmark', log_level='INFO')
     check_datasets(cfg, ('test_dataloader',), check_classes=False)
 
@@ -96,8 +90,7 @@ def main(argv=None) -> dict:
                 batch = next(it)
             t1 = time.perf_counter()
             model.test_step(batch)
-            if device == 'cuda':
-                torch.cuda.synchronize()
+            sync(device)
             t2 = time.perf_counter()
             if i >= args.warmup:
                 data_times.append(t1 - t0)
@@ -114,7 +107,7 @@ def main(argv=None) -> dict:
     mine = dict(rank=get_rank(), images=images, wall_s=wall, data_s=sum(data_times),
                 model_s=sum(step_times), img_per_s=images / wall,
                 img_per_s_model_only=images / sum(step_times))
-    per_process = all_gather_object(mine) if get_world_size() > 1 else [mine]
+    per_process = all_gather_object(mine)  # [mine] in one process
     result = dict(config=args.config, world_size=get_world_size(), device=device,
                   per_process=per_process,
                   total_img_per_s=sum(p['img_per_s'] for p in per_process),
@@ -132,9 +125,7 @@ def main(argv=None) -> dict:
                     f"{result['total_img_per_s']:.2f} img/s "
                     f"(model only {result['total_img_per_s_model_only']:.2f})")
         if args.out:
-            os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-            with open(args.out, 'w') as f:
-                json.dump(result, f, indent=2)
+            dump(result, args.out, file_format='json', indent=2)
     finish_distributed()
     return result
 

@@ -5,48 +5,31 @@
         --out docs/benchmark_results                  # full COCO train2017 size
     python tools/analysis/benchmark_startup.py --scale 0.001    # a small run
 
-Writes a COCO-format set the size of COCO train2017 (118,287 image entries,
-860,001 polygon instances of 20-30 points, COCO's 80 categories and their
-ids) and val2017 (5,000 images, 36,781 instances), every image entry a hard
-link (or a symlink) to ONE small JPEG of the entries' size, which mmdet's
-pipeline reads.  ``--scale`` shrinks both files by that fraction.  The files
-are kept in ``--data-dir`` and reused by later runs of the same scale; without
-``--data-dir`` they go to a temporary folder, removed at the end.
+What the toolkits' tools cannot: this repository's ``tools/train.py`` against mmdet's own
+(``mmdet/.mim/tools/train.py``) on the full recipe ``--config`` and a set the size of
+COCO 2017 (``_coco_size_set.py``; ``--scale`` shrinks it; kept in ``--data-dir`` and
+reused, else in a temporary folder), for each process count of ``--procs``, runs
+interleaved for ``--repeats`` rounds, with the same ``--cfg-options``: no pretrained
+checkpoint, batch 1, no loader workers, a small input (``--size``) so that the first
+iteration is cheap, gloo for two processes.  From the launch to the log line of the
+first training iteration (then the run is stopped) it measures the wall time and the
+peak memory: the largest sum of the resident set sizes of the run's processes (sampled
+every 0.1 s) and the largest peak of one process (``VmHWM``).
 
-Then it launches, for each process count of ``--procs`` and one after the
-other (``inline-mm``'s and mmdet's runs interleaved, ``--repeats`` rounds),
-the full recipe ``--config`` (default: Mask R-CNN InLine-PVT-T 1x) on that set
-through this repository's ``tools/train.py`` and through mmdet's own
-``tools/train.py`` (the copy mmdet ships, ``mmdet/.mim/tools/train.py``), with
-the same ``--cfg-options``: the generated data, no pretrained checkpoint,
-batch 1, no loader workers, a small input (``--size``, ``WIDTHxHEIGHT`` or ``N``) so that the first
-iteration is cheap, and the gloo backend for two processes
-(``torch.distributed.run --nproc_per_node N``).  It measures, from the launch
-to the log line of the first training iteration (then stops the run):
-
-* the wall time;
-* the peak memory: the largest sum of the resident set sizes of all the
-  processes of the run (sampled every 0.1 s) and the largest peak of one
-  process (``VmHWM`` of ``/proc/<pid>/status``).
-
-mmengine 0.10's ``init_dist`` calls ``torch.cuda.set_device``, and its DDP
-wrapper passes ``device_ids``; neither works without a GPU.  mmdet's own
-``tools/train.py`` runs on two CPU processes through a shim (this script with
-``--cpu-shim``) that skips ``set_device`` when no GPU is present, with
-``model_wrapper_cfg.type=AnyDeviceDistributedDataParallel`` (the recipe
-imports ``inline_mm.engine``); this repository's ``tools/train.py`` does the
-same by itself.  Nothing of the data loading differs.
-
-Prints a table and the ratios inline-mm / mmdet; ``--out DIR`` writes
-``DIR/startup_coco_size.json`` (with the CPU: model, flags, its fp32 / bf16
-matmul peaks measured after the runs).
+mmengine 0.10's ``init_dist`` calls ``torch.cuda.set_device``, and its DDP wrapper passes
+``device_ids``; neither works without a GPU.  mmdet's own ``tools/train.py`` runs on two
+CPU processes through a shim (this script with ``--cpu-shim``) that skips ``set_device``
+when no GPU is present, with ``model_wrapper_cfg.type=AnyDeviceDistributedDataParallel``;
+this repository's ``tools/train.py`` does the same by itself.  Nothing of the data
+loading differs.  Prints a table and the ratios inline-mm / mmdet; ``--out DIR`` writes
+``DIR/startup_coco_size.json`` (with the CPU record, measured after the runs).
 """
 import argparse
+import contextlib
 import json
 import os
 import os.path as osp
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -83,22 +66,11 @@ def _status(pid: int) -> Dict[str, int]:
 
 def _tree(root: int) -> List[int]:
     """``root`` and all its descendants (torchrun starts its workers in sessions of their own)."""
-    children: Dict[int, List[int]] = {}
-    for name in os.listdir('/proc'):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f'/proc/{name}/stat') as f:
-                ppid = int(f.read().rsplit(')', 1)[1].split()[1])  # after the state
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
+    import psutil
+    try:
+        return [root] + [p.pid for p in psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def measure(cmd: List[str], env: dict, timeout: float, interval: float = 0.1) -> dict:
@@ -211,8 +183,8 @@ def cpu_shim(argv: List[str]) -> None:
 
 
 def run_benchmark(args) -> dict:
-    data_dir = args.data_dir or tempfile.mkdtemp(prefix='inline_mm_startup_')
-    try:
+    with contextlib.nullcontext(args.data_dir) if args.data_dir else tempfile.TemporaryDirectory(
+            prefix='inline_mm_startup_', ignore_cleanup_errors=True) as data_dir:
         t0 = time.perf_counter()
         data = make_coco_size_set(data_dir, args.scale, args.seed)
         print(f'data in {data_dir} ({time.perf_counter() - t0:.0f} s): '
@@ -224,24 +196,17 @@ def run_benchmark(args) -> dict:
             env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
             for repeat in range(args.repeats):
                 for tool in args.tools:
-                    work_dir = tempfile.mkdtemp(prefix='inline_mm_startup_work_')
-                    try:
+                    with tempfile.TemporaryDirectory(prefix='inline_mm_startup_work_',
+                                                     ignore_cleanup_errors=True) as work_dir:
                         cmd = commands(tool, args.config, work_dir,
                                        cfg_options(data_dir, args.size, procs), procs)
-                        load = os.getloadavg()[0]
-                        row = dict(tool=tool, procs=procs, repeat=repeat,
-                                   load_before=round(load, 2),
-                                   **measure(cmd, env, args.timeout))
-                    finally:
-                        shutil.rmtree(work_dir, ignore_errors=True)
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                        rows.append(dict(tool=tool, procs=procs, repeat=repeat,
+                                         load_before=round(os.getloadavg()[0], 2),
+                                         **measure(cmd, env, args.timeout)))
+                    print(json.dumps(rows[-1]), flush=True)
         return dict(scale=args.scale, data=data, config=osp.relpath(args.config, ROOT),
                     size=f'{args.size[1]}x{args.size[0]}', rows=rows,
                     summary=summarise(rows, args))
-    finally:
-        if not args.data_dir:
-            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def summarise(rows: List[dict], args) -> List[dict]:
@@ -303,17 +268,15 @@ def parse_args(argv: Optional[List[str]] = None):
 def main(argv: Optional[List[str]] = None) -> dict:
     args = parse_args(argv)
     from _bench_common import cpu_record, describe_cpu
+    from mmengine import dump
     result = run_benchmark(args)
     # after the runs, in this process (not one of the measured ones)
     result['cpu'] = cpu_record(n=args.peak_size, repeats=args.peak_repeats)
     print(describe_cpu(result['cpu']))
     print_table(result['summary'])
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        path = osp.join(args.out, 'startup_coco_size.json')
-        with open(path, 'w') as f:
-            json.dump(result, f, indent=1)
-        print(f'written: {path}')
+        dump(result, osp.join(args.out, 'startup_coco_size.json'), file_format='json', indent=1)
+        print(f"written: {osp.join(args.out, 'startup_coco_size.json')}")
     return result
 
 

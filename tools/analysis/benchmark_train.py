@@ -5,69 +5,48 @@
     python tools/analysis/benchmark_train.py CONFIG --size 800x800 --batch-size 2 \\
         --dtypes fp32 bf16 --repeats 5 --out work_dirs/benchmark_train.json
 
-``--size`` is ``WIDTHxHEIGHT`` (``1333x800``) or ``N`` for ``NxN``.
+What the toolkits' tools cannot: mmengine's ``model.train_step`` (preprocessing, forward
+with losses, backward, the optimiser step of the config's ``optim_wrapper``) of the
+detector of ``CONFIG`` with its own backbone and with the softmax counterpart in its
+place (same neck, heads, optimiser; ``--softmax-backbone auto``: mmdet's
+``PyramidVisionTransformer`` / ``SwinTransformer`` with the depths and widths of the
+config's ``InLinePVT`` / ``InLineSwin``), all runs interleaved round by round after
+``--warmup`` iterations each, on one synthetic batch of random boxes and masks.
 
-One iteration is mmengine's ``model.train_step``: data preprocessing, forward
-with losses, backward and the optimiser step of the config's ``optim_wrapper``.
-The detector of ``CONFIG`` runs once with its own backbone and once with the
-softmax counterpart in its place (same neck, heads, optimiser, data), all runs
-interleaved round by round after ``--warmup`` iterations each, on one
-synthetic batch of ``--batch-size`` images with random boxes and masks (the
-same batch for all).  The counterpart follows the config's backbone
-(``--softmax-backbone auto``): mmdet's ``PyramidVisionTransformer`` with the
-depths and widths of an ``InLinePVT``, mmdet's ``SwinTransformer`` with those
-of an ``InLineSwin``.
+Precisions are what ``tools/train.py --amp`` does: ``bf16`` autocasts the parts the
+config names (``optim_wrapper.parts``), else backbone and neck, as ``--amp`` on the CPU
+(heads, losses and mmcv's ops in fp32: mmcv 2.1's CUDA RoIAlign / NMS have no bf16
+kernels); ``fp16`` (``--device cuda`` only) is ``--amp`` on a GPU (mmengine's
+``AmpOptimWrapper``, dynamic loss scale).  On a GPU each row also gives the peak memory
+of one more iteration (the increase of ``torch.cuda.max_memory_allocated``).
 
-``--dtypes fp32 bf16`` times each detector in both precisions: ``bf16`` is
-what ``tools/train.py --amp`` does without a GPU
-(``CPUAutocastOptimWrapper`` with ``parts=('backbone', 'neck')``: backbone
-and neck under bf16 autocast, heads, losses and mmcv's ops in fp32).
-
-``--device cuda`` runs on a GPU (every timed iteration bracketed by
-``torch.cuda.synchronize``; ``--threads`` not applied) and adds ``fp16``:
-
-- ``fp16`` is what ``tools/train.py --amp`` does on a GPU: mmengine's
-  ``AmpOptimWrapper`` (the whole training forward under fp16 autocast,
-  dynamic loss scale);
-- ``bf16`` autocasts the parts the config names (``optim_wrapper.parts``: the toy
-  detector's backbone, neck, RPN and RoI heads), else the backbone and the neck, as
-  ``--amp`` on the CPU: mmcv 2.1's CUDA RoIAlign has fp32 / fp16 kernels only and its
-  NMS takes fp32, so each part's outputs go back to fp32.
-
-On a GPU each row also gives the peak memory of one iteration: the increase
-of ``torch.cuda.max_memory_allocated`` over what was allocated before it (the
-weights and optimiser states of every run), in one more iteration after the
-timed ones.
-
-Prints the median time per iteration (with the 25-75 % spread), the InLine /
-softmax ratio per dtype and the bf16 / fp32 ratio per backbone; ``--out``
-writes them as JSON, with the CPU (model, flags, its fp32 / bf16 matmul peaks
-measured after the timed rounds).  ``--breakdown`` adds, per run, where one iteration's time
-goes: the forward time of the backbone, neck, RPN and RoI parts, the remainder
-(backward, losses, sampling, optimiser), and the slowest operators.
+Prints the median time per iteration (with the 25-75 % spread), the InLine / softmax
+ratio per dtype and the reduced precision / fp32 ratio per backbone; ``--out`` writes
+them as JSON with the CPU record.  ``--breakdown`` adds, per run, the forward time of
+the backbone, neck, RPN and RoI parts, the remainder (backward, losses, sampling,
+optimiser), and the slowest operators.
 """
 import argparse
 import copy
-import json
-import os
 import os.path as osp
 import sys
 import time
 import warnings
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+from mmengine import dump  # noqa: E402
 from mmengine.config import Config  # noqa: E402
 from mmengine.logging import MMLogger  # noqa: E402
 from mmengine.optim import build_optim_wrapper  # noqa: E402
 from mmengine.registry import init_default_scope  # noqa: E402
 
-from _bench_common import (MMDET_BACKBONES, add_peak_args, cpu_record,  # noqa: E402
-                           cuda_missing, describe_cpu, mmcv_cuda_ops_missing, quartiles,
-                           sync)  # (same folder)
+# (softmax_counterpart: used as benchmark_train.softmax_counterpart)
+from _bench_common import (MMDET_BACKBONES, add_timing_args, cpu_record,  # noqa: E402,F401
+                           cuda_peak_mb, describe_cpu, machine, mmcv_cuda_ops_missing,
+                           quartiles, softmax_counterpart, sync, use_device)
 from inline_mm.engine.amp import configure_amp, configure_fp32  # noqa: E402
 from inline_mm.engine.cli_sizes import add_size_option, format_size  # noqa: E402
 from inline_mm.engine.launch import add_cfg_options, cli_main, load_config  # noqa: E402
@@ -89,21 +68,14 @@ def parse_args(argv=None):
     add_size_option(parser, '--size', default='800x800', help='size of every image')
     parser.add_argument('--batch-size', type=int, default=2)
     parser.add_argument('--objects', type=int, default=8, help='ground-truth objects per image')
-    parser.add_argument('--dtypes', nargs='+', default=['fp32'], choices=['fp32', 'fp16', 'bf16'],
-                        help='bf16: the config\'s autocast parts, else backbone and neck, '
-                        'under bf16 autocast (as --amp on the CPU); fp16 (--device cuda '
-                        'only): AmpOptimWrapper, as --amp on a GPU')
-    parser.add_argument('--device', choices=['cpu', 'cuda'], default='cpu')
-    parser.add_argument('--warmup', type=int, default=1)
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--threads', type=int, default=2,
-                        help='intra-op threads of a CPU run (not set with --device cuda)')
+    add_timing_args(parser, 'cpu', warmup=1, dtypes_help=(
+        "bf16: the config's autocast parts, else backbone and neck, under bf16 autocast (as "
+        '--amp on the CPU); fp16 (--device cuda only): AmpOptimWrapper, as --amp on a GPU'))
     parser.add_argument('--breakdown', action='store_true',
                         help='after the timed rounds, one more iteration per run with the '
                         'forward time of each part of the detector and the slowest operators '
                         '(torch.profiler, self CPU time)')
     parser.add_argument('--out', help='write the figures as JSON')
-    add_peak_args(parser)
     add_cfg_options(parser)
     args = parser.parse_args(argv)
     if args.device == 'cuda' and args.breakdown:
@@ -158,48 +130,6 @@ def breakdown(model, data: dict, optim, top: int = 12) -> dict:
                 rest_s=step - sum(forward.values()), top_ops=ops)
 
 
-_ARCH_LETTER = {'tiny': 't', 'small': 's', 'medium': 'm', 'large': 'l', 'base': 'b'}
-
-
-def softmax_counterpart(backbone: dict) -> Tuple[str, dict]:
-    """The softmax backbone that takes an InLine backbone's place: (name, mmdet config).
-
-    Same stages, depths and output widths, so the config's neck fits it:
-    ``InLinePVT`` -> mmdet's ``PyramidVisionTransformer`` (PVT's 64-channel
-    heads, spatial-reduction attention), ``InLineSwin`` -> mmdet's
-    ``SwinTransformer`` (windows of 7).  ``InLinePVT(tiny)`` gives
-    ``mmdet_pvt_t``, ``InLineSwin(tiny)`` ``mmdet_swin_t``.
-
-    Raises:
-        ValueError: the backbone has no softmax counterpart in mmdet.
-    """
-    import inline_mm
-    from inline_mm.models.backbones.arch import resolve_arch
-    kind = str(backbone.get('type', '')).split('.')[-1]
-    classes = {'InLinePVT': inline_mm.InLinePVT, 'InLineSwin': inline_mm.InLineSwin}
-    if kind not in classes:
-        raise ValueError(f'no softmax counterpart of {kind or backbone!r} in mmdet (InLinePVT '
-                         f'and InLineSwin have one): pass --softmax-backbone NAME or none')
-    cls = classes[kind]
-    arch = backbone.get('arch', 'tiny')
-    keys = ('embed_dims', 'depths', 'num_heads', 'mlp_ratios')
-    arch_cfg = resolve_arch(kind, arch, cls.arch_settings,
-                            {k: backbone.get(k) for k in keys if k in backbone})
-    suffix = _ARCH_LETTER.get(arch, 'custom') if isinstance(arch, str) else 'custom'
-    out_indices = list(backbone.get('out_indices', (0, 1, 2, 3)))
-    if kind == 'InLinePVT':
-        dims = list(arch_cfg['embed_dims'])
-        return f'mmdet_pvt_{suffix}', dict(
-            type='mmdet.PyramidVisionTransformer', num_layers=list(arch_cfg['depths']),
-            embed_dims=dims[0], num_heads=[d // 64 for d in dims],  # PVT: 64 channels a head
-            mlp_ratios=list(arch_cfg['mlp_ratios']), qkv_bias=True, out_indices=out_indices,
-            init_cfg=None)
-    return f'mmdet_swin_{suffix}', dict(
-        type='mmdet.SwinTransformer', embed_dims=arch_cfg['embed_dims'],
-        depths=list(arch_cfg['depths']), num_heads=list(arch_cfg['num_heads']),
-        window_size=7, out_indices=out_indices, init_cfg=None)
-
-
 def synthetic_batch(size, batch_size: int, objects: int, num_classes: int) -> dict:
     """A fixed batch in the layout of mmdet's ``PackDetInputs`` (boxes, labels, masks)."""
     from mmdet.structures import DetDataSample
@@ -252,27 +182,57 @@ def optim_wrapper_for(model, cfg: Config, dtype: str, device: str = 'cpu'):
     return build_optim_wrapper(model, cfg.optim_wrapper)
 
 
-def peak_step_mb(model, data: dict, optim) -> float:
-    """One ``train_step`` on the GPU; the increase of the allocator's peak over its
-    allocation before the step, in MiB."""
-    sync('cuda')
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    model.train_step(data, optim)
-    sync('cuda')
-    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+def detector_configs(cfg: Config, choice: str) -> Tuple[Dict[str, Config], str, str]:
+    """The config with its InLine backbone and, unless ``choice`` is 'none', one with the
+    softmax backbone in its place; and the two backbones' names (the second None)."""
+    cfg.model.backbone.init_cfg = None
+    inline_name = f"{cfg.model.backbone.type}({cfg.model.backbone.get('arch', '')})"
+    configs = {inline_name: cfg}
+    if choice == 'none':
+        return configs, inline_name, None
+    if choice == 'auto':
+        softmax_name, softmax_backbone = softmax_counterpart(cfg.model.backbone)
+    else:
+        softmax_name, softmax_backbone = choice, copy.deepcopy(MMDET_BACKBONES[choice])
+    configs[softmax_name] = copy.deepcopy(cfg)
+    configs[softmax_name].model.backbone = softmax_backbone
+    return configs, inline_name, softmax_name
+
+
+def time_runs(runs: dict, data: dict, args) -> Dict[str, list]:
+    """Seconds of every run's timed iterations: ``--warmup`` untimed ones each, then one
+    iteration of every run per round."""
+    times = {key: [] for key in runs}
+    for _, _, model, optim in runs.values():
+        for _ in range(args.warmup):
+            model.train_step(data, optim)
+    for r in range(args.repeats):
+        for key, (_, _, model, optim) in runs.items():
+            sync(args.device)
+            t0 = time.perf_counter()
+            model.train_step(data, optim)
+            sync(args.device)
+            times[key].append(time.perf_counter() - t0)
+        print(f'round {r + 1}/{args.repeats}: ' + ', '.join(
+            f'{n} {t[-1]:.2f} s' for n, t in times.items()), flush=True)
+    return times
+
+
+def print_breakdown(key: str, b: dict) -> None:
+    print(f"\nbreakdown of one iteration, {key} ({b['step_s']:.2f} s under the profiler):")
+    for part, sec in b['forward_s'].items():
+        print(f'  forward {part:<30} {sec * 1e3:8.0f} ms')
+    print(f"  {'backward, losses, sampling, optimiser':<38} {b['rest_s'] * 1e3:8.0f} ms")
+    print('  slowest operators (self CPU):')
+    for op in b['top_ops']:
+        print(f"    {op['self_ms']:8.1f} ms  {op['calls']:4d} x {op['name']:<28} "
+              f"{op['input_shapes']}")
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     device = args.device
-    if device == 'cuda':
-        missing = cuda_missing() or mmcv_cuda_ops_missing()
-        if missing:
-            print(f'error: {missing}', file=sys.stderr)
-            sys.exit(2)
-    else:
-        torch.set_num_threads(args.threads)
+    use_device(device, args.threads, mmcv_cuda_ops_missing)
     cfg = load_config(args.config, args.cfg_options)
     if task_of(cfg) != 'mmdet':
         raise ConfigError(f'{args.config} is a {task_of(cfg)} config: this benchmark times '
@@ -281,101 +241,48 @@ def main(argv=None) -> dict:
     init_default_scope('mmdet')
     # the optimiser builder logs one line per parameter group at INFO
     MMLogger.get_instance('mmengine', log_level='WARNING')
-    h, w = args.size
-    cfg.model.backbone.init_cfg = None
-    inline_name = f"{cfg.model.backbone.type}({cfg.model.backbone.get('arch', '')})"
-    backbones = {inline_name: cfg}
-    softmax_name = None
-    if args.softmax_backbone != 'none':
-        if args.softmax_backbone == 'auto':
-            softmax_name, softmax_backbone = softmax_counterpart(cfg.model.backbone)
-        else:
-            softmax_name = args.softmax_backbone
-            softmax_backbone = copy.deepcopy(MMDET_BACKBONES[softmax_name])
-        softmax_cfg = copy.deepcopy(cfg)
-        softmax_cfg.model.backbone = softmax_backbone
-        backbones[softmax_name] = softmax_cfg
+    configs, inline_name, softmax_name = detector_configs(cfg, args.softmax_backbone)
     # one model per backbone; each dtype has its own optimiser wrapper (and state) on it
     runs = {}
-    for name, model_cfg in backbones.items():
+    for name, model_cfg in configs.items():
         model = build(model_cfg, device)
         for dtype in args.dtypes:
             key = name if dtype == 'fp32' else f'{name} ({dtype})'
             runs[key] = (name, dtype, model, optim_wrapper_for(model, model_cfg, dtype, device))
-    data = synthetic_batch((h, w), args.batch_size, args.objects,
+    data = synthetic_batch(args.size, args.batch_size, args.objects,
                            cfg.model.roi_head.bbox_head.num_classes)
-
-    times: Dict[str, List[float]] = {key: [] for key in runs}
-    peaks: Dict[str, float] = {}  # GPU only: the memory peak of one iteration of each run
-    for key, (_, _, model, optim) in runs.items():
-        for _ in range(args.warmup):
-            model.train_step(data, optim)
-    for r in range(args.repeats):  # interleaved: one iteration of every run per round
-        for key, (_, _, model, optim) in runs.items():
-            sync(device)
-            t0 = time.perf_counter()
-            model.train_step(data, optim)
-            sync(device)
-            times[key].append(time.perf_counter() - t0)
-        print(f'round {r + 1}/{args.repeats}: ' + ', '.join(
-            f'{n} {t[-1]:.2f} s' for n, t in times.items()), flush=True)
-
-    if device == 'cuda':  # one more iteration per run, untimed: its memory peak
-        for key, (_, _, model, optim) in runs.items():
-            peaks[key] = peak_step_mb(model, data, optim)
-
-    breakdowns = {}
-    if args.breakdown:
-        for key, (_, _, model, optim) in runs.items():
-            breakdowns[key] = b = breakdown(model, data, optim)
-            print(f"\nbreakdown of one iteration, {key} ({b['step_s']:.2f} s under the "
-                  f'profiler):')
-            for part, sec in b['forward_s'].items():
-                print(f'  forward {part:<30} {sec * 1e3:8.0f} ms')
-            print(f"  {'backward, losses, sampling, optimiser':<38} {b['rest_s'] * 1e3:8.0f} ms")
-            print('  slowest operators (self CPU):')
-            for op in b['top_ops']:
-                print(f"    {op['self_ms']:8.1f} ms  {op['calls']:4d} x {op['name']:<28} "
-                      f"{op['input_shapes']}")
-
+    times = time_runs(runs, data, args)
     rows = {}
-    for key, ts in times.items():
-        median, p25, p75 = quartiles(ts)
-        name, dtype = runs[key][:2]
+    for key, (name, dtype, _, _) in runs.items():
+        median, p25, p75 = quartiles(times[key])
         rows[key] = dict(backbone=name, dtype=dtype, median_s=median, p25_s=p25, p75_s=p75,
-                         times_s=ts)
-        if key in peaks:
-            rows[key]['peak_mem_mb'] = peaks[key]
-        if key in breakdowns:
-            rows[key]['breakdown'] = breakdowns[key]
+                         times_s=times[key])
+    for key, (_, _, model, optim) in runs.items():  # after all timed rounds, untimed
+        if device == 'cuda':  # one more iteration: its memory peak
+            rows[key]['peak_mem_mb'] = cuda_peak_mb(lambda: model.train_step(data, optim))
+        if args.breakdown:  # (CPU runs only)
+            rows[key]['breakdown'] = breakdown(model, data, optim)
+            print_breakdown(key, rows[key]['breakdown'])
 
-    def row(name: str, dtype: str) -> dict:
-        return rows[name if dtype == 'fp32' else f'{name} ({dtype})']
+    def median(name: str, dtype: str) -> float:
+        return rows[name if dtype == 'fp32' else f'{name} ({dtype})']['median_s']
 
-    ratios = {}  # InLine / softmax, per dtype
-    dtype_ratios = {}  # bf16 / fp32, per backbone
-    for dtype in args.dtypes:
-        if softmax_name is not None:
-            ratios[dtype] = row(inline_name, dtype)['median_s'] / \
-                row(softmax_name, dtype)['median_s']
-        if dtype != 'fp32' and 'fp32' in args.dtypes:
-            for name in backbones:
-                dtype_ratios[f'{name} {dtype}/fp32'] = row(name, dtype)['median_s'] / \
-                    row(name, 'fp32')['median_s']
-    on_gpu = device == 'cuda'
+    ratios = {d: median(inline_name, d) / median(softmax_name, d)
+              for d in args.dtypes if softmax_name is not None}  # InLine / softmax
+    dtype_ratios = {f'{name} {d}/fp32': median(name, d) / median(name, 'fp32')
+                    for d in args.dtypes if d != 'fp32' and 'fp32' in args.dtypes
+                    for name in configs}
+    h, w = args.size
     result = dict(config=args.config, size=[h, w], size_wxh=format_size((h, w)),
                   batch_size=args.batch_size, cfg_options=args.cfg_options,
-                  threads=None if on_gpu else args.threads, device=device,
-                  device_name=torch.cuda.get_device_name() if on_gpu else
-                  f'CPU ({os.cpu_count()} cores visible)',
-                  torch=torch.__version__, cuda=torch.version.cuda if on_gpu else None,
+                  **machine(device, args.threads),
                   warmup=args.warmup, repeats=args.repeats, dtypes=args.dtypes,
                   softmax_backbone=softmax_name, rows=rows,
                   ratio=ratios.get(args.dtypes[0]), ratios=ratios, dtype_ratios=dtype_ratios,
                   # after the timed rounds: the matmuls must not heat or load the timed ones
                   cpu=cpu_record(n=args.peak_size, repeats=args.peak_repeats))
     print(describe_cpu(result['cpu']))
-    where = result['device_name'] if on_gpu else f'{args.threads} threads'
+    where = result['device_name'] if device == 'cuda' else f'{args.threads} threads'
     print(f'\none training iteration, batch {args.batch_size} at {w}x{h}, '
           f'{where} (median, 25-75 %):')
     for key, r in rows.items():
@@ -386,9 +293,7 @@ def main(argv=None) -> dict:
     for what, value in dtype_ratios.items():
         print(f'  ratio {what}: {value:.2f}')
     if args.out:
-        os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
-        with open(args.out, 'w') as f:
-            json.dump(result, f, indent=2)
+        dump(result, args.out, file_format='json', indent=2)
     return result
 
 

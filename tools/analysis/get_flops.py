@@ -5,30 +5,23 @@
     python tools/analysis/get_flops.py CONFIG --size 224 --backbone-only
     python tools/analysis/get_flops.py configs/seg/*.py --size 512 --out flops.json
 
-``--size`` is ``WIDTHxHEIGHT`` (as mmdet writes its scales) or ``N`` for ``NxN``.
-
 Why not the toolkits' own: mmseg's ``analysis_tools/get_flops.py`` raises on every
 config with mmengine 0.10.7 (it passes both ``input_shape`` and ``inputs``), mmdet's
 needs the validation set and averages real images at the sizes the pipeline pads to.
-This one counts at a given size, several configs at once, or the backbone alone.
-
-With several configs it also prints a Markdown table (config, params, FLOPs)
-and ``--out`` keeps every figure as JSON; the model-zoo FLOPs columns come from
-these runs.
-
-Counted by mmengine's analysis tools (``get_model_complexity_info``: a traced
-FLOP counter in which one multiply-add counts as one FLOP).  Tracing sees every
-matmul of the InLine attention (``K^T V`` and ``Q Cov``) and the depthwise
-convolution of the local branch, which hook-based counters miss.
+This one counts at a given size (``WIDTHxHEIGHT`` or ``N``), several configs at once
+(with a Markdown table; the model-zoo FLOPs columns come from these runs), or the
+backbone alone.  mmengine's ``get_model_complexity_info`` counts (one multiply-add = one
+FLOP): its tracing sees every matmul of the InLine attention (``K^T V`` and ``Q Cov``)
+and the depthwise convolution of the local branch, which hook-based counters miss.
 """
 import argparse
-import json
 import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 import torch  # noqa: E402
+from mmengine import dump  # noqa: E402
 from mmengine.analysis import get_model_complexity_info  # noqa: E402
 from mmengine.config import Config  # noqa: E402
 
@@ -46,13 +39,10 @@ def format_giga(value: float) -> str:
 def complexity(cfg: Config, size, backbone_only: bool = False) -> dict:
     """``{'flops': int, 'params': int, ...}`` of the model of ``cfg`` at ``size`` (H, W)."""
     model = build_model(cfg).eval()
-    h, w = size
-    inputs = torch.randn(1, 3, h, w)
     target = model.backbone if backbone_only else TensorModeForward(model, task_of(cfg))
-    args = (inputs,)
     with torch.no_grad():
-        info = get_model_complexity_info(target, inputs=args, show_table=False,
-                                         show_arch=False)
+        info = get_model_complexity_info(target, inputs=(torch.randn(1, 3, *size),),
+                                         show_table=False, show_arch=False)
     info['backbone_params'] = sum(p.numel() for p in model.backbone.parameters())
     info['model_params'] = sum(p.numel() for p in model.parameters())
     return info
@@ -93,8 +83,7 @@ def main(argv=None) -> list:
             print(f"| {osp.basename(row['config'])} | {row['params'] / 1e6:.1f}M "
                   f"| {format_giga(row['flops'])} |")
     if args.out:
-        with open(args.out, 'w') as f:
-            json.dump(rows, f, indent=2)
+        dump(rows, args.out, file_format='json', indent=2)
     return rows
 
 

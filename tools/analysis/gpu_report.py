@@ -4,33 +4,24 @@
     python tools/analysis/gpu_report.py                 # what `make test-gpu` runs after the tests
     python tools/analysis/gpu_report.py --out work_dirs/gpu_report --batch-sizes 1 8
 
-Runs, in this one process (one CUDA start-up, one import of the toolkits):
+What the toolkits' tools cannot: in this one process (one CUDA start-up), the forward
+pass of the four backbones (``benchmark.py --device cuda``, interleaved, peak memory from
+the CUDA allocator) and one Mask R-CNN training iteration of each detector config with
+its InLine backbone and with mmdet's softmax counterpart in its place
+(``benchmark_train.py --device cuda``), per batch size and dtype, in one Markdown table.
+``fp16`` / ``bf16`` autocast the whole backbone forward; for the training iteration
+``fp16`` is ``tools/train.py --amp`` on a GPU and ``bf16`` autocasts the backbone and the
+neck only (mmcv 2.1's CUDA RoIAlign / NMS have no bf16 kernels).
 
-1. ``tools/analysis/benchmark.py --device cuda``: the forward pass of the four
-   backbones (eval mode, ``torch.inference_mode``) at ``--size`` for every
-   batch size and dtype, interleaved; peak memory from the CUDA allocator;
-2. ``tools/analysis/benchmark_train.py --device cuda``: one Mask R-CNN + FPN
-   training iteration (forward, losses, backward, AdamW step) of each full
-   detector config with its InLine backbone and with mmdet's softmax
-   counterpart in its place, per batch size, all dtypes interleaved.
-
-``fp32`` is plain fp32 (cuDNN's default TF32 convolutions, fp32 matmuls);
-``fp16`` / ``bf16`` autocast the whole backbone forward.  For the training
-iteration ``fp16`` is ``tools/train.py --amp`` on a GPU (mmengine's
-``AmpOptimWrapper``, dynamic loss scale) and ``bf16`` autocasts the backbone
-and the neck only (mmcv 2.1's CUDA RoIAlign / NMS have no bf16 kernels).
-
-Writes ``table.md`` (Markdown, with the device, torch / CUDA versions, date,
-host load, the host CPU and the command of every part) and ``report.json`` (every figure,
-and the benchmarks' own JSON files beside them).  A part that fails leaves its
-error in the table and the other parts run; the training rows are left out
-with the reason when mmcv has no CUDA ops.  Without a CUDA device the script
-stops at once with one line (exit status 2).
+Writes ``table.md`` (with the device, versions, date, host load and CPU, the command of
+every part) and ``report.json`` (every figure; the benchmarks' own JSON files beside).
+A part that fails leaves its error in the table and the other parts run; the training
+rows are left out with the reason when mmcv has no CUDA ops.  Without a CUDA device the
+script stops at once with one line (exit status 2).
 """
 import argparse
 import datetime
 import gc
-import json
 import os
 import os.path as osp
 import sys
@@ -40,7 +31,13 @@ from typing import Dict, List, Optional, Sequence
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(osp.dirname(HERE))
 sys.path.insert(0, HERE)
-sys.path.insert(0, ROOT)
+
+import benchmark  # noqa: E402
+import benchmark_train  # noqa: E402
+import torch  # noqa: E402
+from _bench_common import (COUNTERPARTS, cpu_record, cuda_missing,  # noqa: E402
+                           describe_cpu, first_line, machine, mmcv_cuda_ops_missing)
+from mmengine import dump  # noqa: E402
 
 from inline_mm.engine.cli_sizes import add_size_option, format_size  # noqa: E402
 
@@ -52,7 +49,6 @@ DETECTORS = {'pvt': 'configs/det/mask_rcnn_inline_pvt.py',
 DISPLAY = {'inline_pvt_t': 'InLine-PVT-T', 'mmdet_pvt_t': 'mmdet PVT-T',
            'inline_swin_t': 'InLine-Swin-T', 'mmdet_swin_t': 'mmdet Swin-T',
            'InLinePVT(tiny)': 'InLine-PVT-T', 'InLineSwin(tiny)': 'InLine-Swin-T'}
-FAMILY = {'pvt': ('InLine-PVT-T', 'mmdet PVT-T'), 'swin': ('InLine-Swin-T', 'mmdet Swin-T')}
 
 
 def parse_args(argv=None):
@@ -101,13 +97,7 @@ def command(script: str, argv: Sequence[str]) -> str:
     return ' '.join(['python', f'tools/analysis/{script}', *argv])
 
 
-def _first_line(err: BaseException) -> str:
-    text = ' '.join(str(err).strip().splitlines()[0].split()) if str(err).strip() else ''
-    return f'{type(err).__name__}: {text}'[:300]
-
-
 def _free_gpu() -> None:
-    import torch
     gc.collect()
     torch.cuda.empty_cache()
 
@@ -121,59 +111,56 @@ def _name(model: str) -> str:
     return DISPLAY.get(model, model)
 
 
+def _header(first: str, columns: List[str]) -> List[str]:
+    return [_line(first, 'batch', columns), '|---|---:|' + '---:|' * len(columns)]
+
+
+def _line(name: str, batch, cells: List[str]) -> str:
+    return f'| {name} | {batch} | ' + ' | '.join(cells) + ' |'
+
+
 def backbone_tables(result: dict, dtypes: Sequence[str]) -> List[str]:
     """Markdown of ``benchmark.main``'s result: latency / memory per model and batch,
     then the InLine / softmax latency ratio per family and batch."""
     rows = [r for r in result['rows'] if r.get('runtime', 'torch') == 'torch']
     find = {(r['model'], r['batch'], r['dtype']): r for r in rows}
-    models = list(dict.fromkeys(r['model'] for r in rows))
     batches = sorted({r['batch'] for r in rows})
-    lines = ['| backbone | batch | ' + ' | '.join(f'{d} ms' for d in dtypes) + ' | ' +
-             ' | '.join(f'{d} peak MB' for d in dtypes) + ' |',
-             '|---|---:|' + '---:|' * (2 * len(dtypes))]
+    lines = _header('backbone', [f'{d} ms' for d in dtypes] + [f'{d} peak MB' for d in dtypes])
     for batch in batches:
-        for model in models:
+        for model in dict.fromkeys(r['model'] for r in rows):
             got = [find.get((model, batch, d)) for d in dtypes]
-            lat = [_cell(g and g['latency_ms']['median'], '.1f') for g in got]
-            mem = [_cell(g and g.get('peak_mem_mb'), '.0f') for g in got]
-            lines.append(f'| {_name(model)} | {batch} | ' + ' | '.join(lat + mem) + ' |')
+            lines.append(_line(_name(model), batch,
+                               [_cell(g and g['latency_ms']['median'], '.1f') for g in got] +
+                               [_cell(g and g.get('peak_mem_mb'), '.0f') for g in got]))
     ratios = {(r['family'], r['batch'], r['dtype']): r for r in result.get('ratios', [])
               if r.get('runtime', 'torch') == 'torch'}
     if ratios:
-        lines += ['', '| InLine / softmax latency | batch | ' + ' | '.join(dtypes) + ' |',
-                  '|---|---:|' + '---:|' * len(dtypes)]
+        lines += [''] + _header('InLine / softmax latency', list(dtypes))
         for family in dict.fromkeys(f for f, _, _ in ratios):
-            inline, softmax = FAMILY.get(family, (family, 'softmax'))
-            for batch in batches:
-                cells = [_cell(ratios.get((family, batch, d), {}).get('latency'), '.2f')
-                         for d in dtypes]
-                lines.append(f'| {inline} / {softmax} | {batch} | ' + ' | '.join(cells) + ' |')
+            name = ' / '.join(map(_name, COUNTERPARTS[family]))
+            lines += [_line(name, batch, [_cell(ratios.get((family, batch, d), {}).get(
+                'latency'), '.2f') for d in dtypes]) for batch in batches]
     return lines
 
 
 def train_tables(results: Sequence[dict], dtypes: Sequence[str]) -> List[str]:
     """Markdown of ``benchmark_train.main``'s results (one per detector and batch size)."""
-    lines = ['| Mask R-CNN backbone | batch | ' + ' | '.join(f'{d} s' for d in dtypes) +
-             ' | ' + ' | '.join(f'{d} peak MB' for d in dtypes) + ' |',
-             '|---|---:|' + '---:|' * (2 * len(dtypes))]
+    lines = _header('Mask R-CNN backbone',
+                    [f'{d} s' for d in dtypes] + [f'{d} peak MB' for d in dtypes])
     ratio_lines = []
     for result in results:
         by_dtype: Dict[str, Dict[str, dict]] = {}
         for row in result['rows'].values():
             by_dtype.setdefault(row['backbone'], {})[row['dtype']] = row
         for backbone, got in by_dtype.items():
-            lat = [_cell(got.get(d, {}).get('median_s'), '.3f') for d in dtypes]
-            mem = [_cell(got.get(d, {}).get('peak_mem_mb'), '.0f') for d in dtypes]
-            lines.append(f"| {_name(backbone)} | {result['batch_size']} | " +
-                         ' | '.join(lat + mem) + ' |')
-        names = list(by_dtype)
-        if result.get('ratios') and len(names) == 2:
-            cells = [_cell(result['ratios'].get(d), '.2f') for d in dtypes]
-            ratio_lines.append(f'| {_name(names[0])} / {_name(names[1])} | '
-                               f"{result['batch_size']} | " + ' | '.join(cells) + ' |')
+            lines.append(_line(_name(backbone), result['batch_size'],
+                               [_cell(got.get(d, {}).get('median_s'), '.3f') for d in dtypes] +
+                               [_cell(got.get(d, {}).get('peak_mem_mb'), '.0f') for d in dtypes]))
+        if result.get('ratios') and len(by_dtype) == 2:
+            ratio_lines.append(_line(' / '.join(map(_name, by_dtype)), result['batch_size'],
+                                     [_cell(result['ratios'].get(d), '.2f') for d in dtypes]))
     if ratio_lines:
-        lines += ['', '| InLine / softmax iteration time | batch | ' + ' | '.join(dtypes) +
-                  ' |', '|---|---:|' + '---:|' * len(dtypes)] + ratio_lines
+        lines += [''] + _header('InLine / softmax iteration time', list(dtypes)) + ratio_lines
     return lines
 
 
@@ -186,7 +173,6 @@ def render(report: dict) -> str:
              f"{meta['date']}, host load average {meta['load']} at the start; "
              f"inputs {meta['size']} (W x H).", '']
     if meta.get('cpu'):
-        from _bench_common import describe_cpu
         lines += [f"Host {describe_cpu(meta['cpu'])}.", '']
     lines += ['## Backbone forward', '']
     part = report.get('backbone')
@@ -226,21 +212,22 @@ def render(report: dict) -> str:
 
 
 # ---------------------------------------------------------------- the runs (GPU)
-def run_backbones(args, out: str) -> dict:
-    import benchmark
-    argv = backbone_argv(args, osp.join(out, 'backbone'))
-    part = dict(command=command('benchmark.py', argv))
+def run_part(part: dict, main, argv: List[str]) -> dict:
+    """``part`` with ``main(argv)``'s result, or its error (the other parts run)."""
     try:
-        part['result'] = benchmark.main(argv)
+        part['result'] = main(argv)
     except (Exception, SystemExit) as err:  # noqa: BLE001  (keep the other parts)
-        part['error'] = _first_line(err)
+        part['error'] = first_line(err)
     _free_gpu()
     return part
 
 
+def run_backbones(args, out: str) -> dict:
+    argv = backbone_argv(args, osp.join(out, 'backbone'))
+    return run_part(dict(command=command('benchmark.py', argv)), benchmark.main, argv)
+
+
 def run_training(args, out: str) -> dict:
-    import benchmark_train
-    from _bench_common import mmcv_cuda_ops_missing
     missing = mmcv_cuda_ops_missing()
     if missing:
         return dict(skipped=missing)
@@ -250,20 +237,14 @@ def run_training(args, out: str) -> dict:
             path = osp.join(out, f'train_{family}_b{batch}.json')
             part = dict(config=DETECTORS[family], batch=batch, command=command(
                 'benchmark_train.py', train_argv(args, DETECTORS[family], batch, path)))
-            try:  # the config by its absolute path: the report may run from any folder
-                part['result'] = benchmark_train.main(
-                    train_argv(args, osp.join(ROOT, DETECTORS[family]), batch, path))
-            except (Exception, SystemExit) as err:  # noqa: BLE001  (keep the other parts)
-                part['error'] = _first_line(err)
-            _free_gpu()
-            parts.append(part)
+            # the config by its absolute path: the report may run from any folder
+            parts.append(run_part(part, benchmark_train.main, train_argv(
+                args, osp.join(ROOT, DETECTORS[family]), batch, path)))
     return dict(parts=parts)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import torch
-    from _bench_common import cpu_record, cuda_missing
     missing = cuda_missing('the GPU report times CUDA kernels: run it on a machine with an '
                            'NVIDIA GPU (tools/analysis/benchmark.py --device cpu times the CPU)')
     if missing:
@@ -273,8 +254,7 @@ def main(argv=None) -> int:
     os.makedirs(out, exist_ok=True)
     start = time.perf_counter()
     report = dict(meta=dict(
-        device_name=torch.cuda.get_device_name(), torch=torch.__version__,
-        cuda=torch.version.cuda, date=datetime.datetime.now(datetime.timezone.utc).date()
+        **machine('cuda', None), date=datetime.datetime.now(datetime.timezone.utc).date()
         .isoformat(), load=' '.join(f'{v:.2f}' for v in os.getloadavg()),
         size=format_size(args.size), cpu=cpu_record(n=args.peak_size),
         dtypes=args.dtypes, batch_sizes=args.batch_sizes,
@@ -285,8 +265,7 @@ def main(argv=None) -> int:
     if not args.skip_train:
         report['train'] = run_training(args, out)
     report['meta']['wall_s'] = time.perf_counter() - start
-    with open(osp.join(out, 'report.json'), 'w') as f:
-        json.dump(report, f, indent=2)
+    dump(report, osp.join(out, 'report.json'), file_format='json', indent=2)
     table = osp.join(out, 'table.md')
     with open(table, 'w') as f:
         f.write(render(report))

@@ -90,14 +90,16 @@ def linear_rows(q: Tensor, k: Tensor, idx: Tensor) -> Tensor:
     return rows.mean(dim=0)
 
 
-def same_rows(a: Tensor, b: Tensor, rtol: float = 1e-5) -> Tensor:
-    """Whether rows of ``a`` and ``b`` are the same distribution (up to float rounding).
+def relative_change(a: Tensor, b: Tensor) -> Tensor:
+    """Per row, the largest difference of ``a`` and ``b`` over the larger row's largest entry."""
+    top = torch.maximum(a.abs().amax(dim=-1), b.abs().amax(dim=-1)).clamp_min(1e-30)
+    return (a - b).abs().amax(dim=-1) / top
 
-    Equal when the largest difference is at most ``rtol`` of the larger row's
-    largest entry (rows of N = 3136 tokens hold values near 1 / N).
-    """
-    scale = torch.maximum(a.abs().amax(dim=-1), b.abs().amax(dim=-1))
-    return (a - b).abs().amax(dim=-1) <= rtol * scale  # all-zero rows are equal too
+
+def same_rows(a: Tensor, b: Tensor, rtol: float = 1e-5) -> Tensor:
+    """Whether rows of ``a`` and ``b`` are the same distribution up to float rounding (rows of
+    N = 3136 tokens hold values near 1 / N: a relative test; all-zero rows are equal)."""
+    return relative_change(a, b) <= rtol
 
 
 def distinct_pairs(q: Tensor, rtol: float = 1e-3) -> Tensor:
@@ -129,19 +131,16 @@ def scaled_query_change(q: Tensor, k: Tensor, idx: Tensor, scale: float, phi,
     change.  Returns, per method, the largest and the smallest (over queries)
     relative change of the row, and how many queries kept the same row.
     """
+    methods = {'inline': lambda q: inline_rows(q, k, idx, scale, phi),
+               'linear': lambda q: linear_rows(q, k, idx)}
     out = {}
-    for name in ('inline', 'linear'):
+    for name, rows in methods.items():
         changes, same = [], 0
         for c in factors:
             scaled = q.clone()
             scaled[:, idx] = q[:, idx] * c
-            if name == 'inline':
-                a, b = inline_rows(q, k, idx, scale, phi), inline_rows(scaled, k, idx, scale, phi)
-            else:
-                a, b = linear_rows(q, k, idx), linear_rows(scaled, k, idx)
-            top = torch.maximum(a.abs().amax(-1), b.abs().amax(-1)).clamp_min(1e-30)
-            rel = (a - b).abs().amax(dim=-1) / top
-            changes.append(rel)
+            a, b = rows(q), rows(scaled)
+            changes.append(relative_change(a, b))
             same += int(same_rows(a, b).sum())
         rel = torch.cat(changes)
         out[name] = dict(max_relative_change=float(rel.max()),
@@ -153,8 +152,7 @@ def scaled_query_change(q: Tensor, k: Tensor, idx: Tensor, scale: float, phi,
 def load_image(path: str, size: Tuple[int, int]) -> Tuple[np.ndarray, Tensor]:
     """The image resized to ``size`` (height, width), and its normalised tensor."""
     import mmcv
-    img = mmcv.imread(path, channel_order='rgb')
-    img = mmcv.imresize(img, (size[1], size[0]))  # mmcv takes (width, height)
+    img = mmcv.imresize(mmcv.imread(path, channel_order='rgb'), (size[1], size[0]))  # (w, h)
     x = torch.from_numpy(((img - MEAN) / STD).transpose(2, 0, 1)).float()[None]
     return img, x
 
