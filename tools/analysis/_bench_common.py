@@ -347,13 +347,9 @@ _MACS_CACHE: Dict[Tuple[str, int, int], Optional[int]] = {}
 
 
 def count_macs(name: str, model: nn.Module, size: Tuple[int, int]) -> Optional[int]:
-    """Multiply-adds of one forward of ``model`` on a batch-1 ``size`` image (cached).
-
-    mmengine's ``FlopAnalyzer`` traces the forward and counts matmuls,
-    convolutions, normalisations and (with the handle added here) fused
-    scaled-dot-product attention; elementwise ops are not counted.  None when
-    tracing fails (the row then has no GFLOP/s).
-    """
+    """Multiply-adds of one forward of ``model`` on a batch-1 ``size`` image (cached): what
+    mmengine's traced ``FlopAnalyzer`` counts, fused attention included (the handle added
+    here), elementwise ops not; None when tracing fails (a row without GFLOP/s)."""
     key = (name, *size)
     if key not in _MACS_CACHE:
         from mmengine.analysis import FlopAnalyzer

@@ -24,15 +24,9 @@ def _status_kib(field: str) -> int:
 def peak_memory_mb(spec: str, size: Sequence[int], batch: int, dtype: str, device: str,
                    threads: int, model: Optional[nn.Module] = None,
                    cfg_options: Optional[dict] = None) -> float:
-    """Peak memory of one forward over the loaded model, in MiB.
-
-    On the CPU: the peak RSS of a fresh process (``threads`` threads) that
-    builds the model from ``spec`` and ``cfg_options`` again; it fails when that
-    model's parameter count differs from ``model``'s.  On a GPU:
-    ``torch.cuda.max_memory_allocated`` during one forward of ``model`` (the one
-    already timed, built from ``spec`` when None), minus what was allocated
-    before it (the weights of every loaded model, the input).
-    """
+    """Peak memory of one forward over the loaded model, in MiB: on the CPU in a fresh
+    process (``threads`` threads) that builds ``spec`` again, which fails when its parameter
+    count differs from ``model``'s; on a GPU of ``model`` itself (built when None)."""
     if device == 'cuda':
         if model is None:
             model = load(spec, cfg_options).to(device).eval()

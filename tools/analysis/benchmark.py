@@ -70,11 +70,9 @@ def _grad_off(models: Dict[str, nn.Module]):
 def time_models(models: Dict[str, nn.Module], size, batch, dtype, device, warmup, repeats,
                 progress: Callable[[str], None]
                 ) -> Tuple[Dict[str, List[float]], Dict[str, float], Dict[str, str]]:
-    """Per model the timed passes (interleaved) and the first warm-up pass, in seconds
-    (a compiled model's compilation for this size and dtype happens there; without
-    warm-up passes it falls into the timed ones and ``first`` is empty), and the error
-    of every compiled twin that failed (removed from ``models``: the other rows go on).
-    """
+    """Per model the timed passes (interleaved) and the first warm-up pass (where a compiled
+    model compiles), in seconds, and the error of every compiled twin that failed (removed
+    from ``models``: the other rows go on)."""
     x = torch.randn(batch, 3, *size, device=device)
     times = {name: [] for name in models}
     first, errors = {}, {}

@@ -103,13 +103,9 @@ def same_rows(a: Tensor, b: Tensor, rtol: float = 1e-5) -> Tensor:
 
 
 def distinct_pairs(q: Tensor, rtol: float = 1e-3) -> Tensor:
-    """``(P, 2)`` index pairs of queries whose vectors differ (all heads concatenated).
-
-    Queries within ``rtol`` of the largest query entry of each other (flat
-    image regions give such near-duplicates) are not distinct: any continuous
-    attention gives them near-identical rows, so they say nothing about
-    injectivity.
-    """
+    """``(P, 2)`` index pairs of queries whose vectors (all heads) differ by more than
+    ``rtol`` of the largest entry: near-duplicates from flat image regions get near-identical
+    rows from any continuous attention, so they say nothing about injectivity."""
     flat = q.transpose(0, 1).reshape(q.shape[1], -1)       # queries x (heads * d)
     i, j = torch.triu_indices(flat.shape[0], flat.shape[0], offset=1)
     apart = (flat[i] - flat[j]).abs().amax(dim=-1) > rtol * flat.abs().max()
@@ -123,14 +119,10 @@ def collisions(rows: Tensor, pairs: Tensor, chunk: int = 4096) -> int:
 
 def scaled_query_change(q: Tensor, k: Tensor, idx: Tensor, scale: float, phi,
                         factors=(0.5, 2.0)) -> dict:
-    """The paper's scaled-query test on the image's own queries.
-
-    For each query ``q_i`` and each ``c`` in ``factors``, the attention rows of
-    ``q_i`` and ``c * q_i`` are compared: linear attention normalises ``c``
-    away (``relu(c q) = c relu(q)``), so its rows are identical; InLine's rows
-    change.  Returns, per method, the largest and the smallest (over queries)
-    relative change of the row, and how many queries kept the same row.
-    """
+    """The paper's scaled-query test: the rows of ``q_i`` and ``c * q_i`` for ``c`` in
+    ``factors``.  Linear attention normalises ``c`` away (``relu(c q) = c relu(q)``);
+    InLine's rows change.  Per method: the largest and smallest relative change of a row,
+    and how many rows stayed the same."""
     methods = {'inline': lambda q: inline_rows(q, k, idx, scale, phi),
                'linear': lambda q: linear_rows(q, k, idx)}
     out = {}
