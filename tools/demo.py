@@ -62,12 +62,6 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def toy_set_args(args) -> dict:
-    """The generator's arguments the command line sets (the rest keep its defaults)."""
-    given = dict(num_train=args.num_train, num_val=args.num_val, image_size=args.image_size)
-    return {key: value for key, value in given.items() if value is not None}
-
-
 def fit_schedule(cfg) -> None:
     """Fit the toy config's learning-rate schedule and logging to the run's length,
     in place, however it was set (``--iters`` or ``--cfg-options
@@ -115,7 +109,10 @@ def main(argv=None) -> int:
     cfg = load_config(task['config'], args.cfg_options)
     data_root = osp.join(args.data_dir, task['data'])
     print(f'[demo] dataset: {data_root}', flush=True)
-    summary = task['make'](data_root, progress=True, **toy_set_args(args))
+    # the generator's defaults for what the command line leaves out
+    given = dict(num_train=args.num_train, num_val=args.num_val, image_size=args.image_size)
+    summary = task['make'](data_root, progress=True,
+                           **{key: value for key, value in given.items() if value is not None})
     print(f"[demo] {summary['num_images']} images, classes {summary['classes']}", flush=True)
 
     cfg.work_dir = args.work_dir or task['work_dir']

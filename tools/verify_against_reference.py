@@ -34,7 +34,6 @@ SWIN = {'tiny': dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24]
         'base': dict(embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32],
                      attn_type='IIMS2')}
 DEIT = {'tiny': (192, 6, 224), 'small': (320, 10, 288), 'base': (384, 12, 448)}
-PVT_NAMES = {'tiny': 'tiny', 'small': 'small', 'medium': 'medium', 'large': 'large'}
 
 
 def build_reference(family, arch, ref):
@@ -78,8 +77,8 @@ def main(argv=None) -> int:
     warnings.filterwarnings('ignore')
     ref = {f: importlib.import_module(f'inline_{f}') for f in args.families}
     ours = {'pvt': InLinePVT, 'swin': InLineSwin, 'cswin': InLineCSWin, 'deit': InLineDeiT}
-    archs = {'pvt': list(PVT_NAMES), 'swin': list(SWIN), 'cswin': ['tiny', 'small', 'base'],
-             'deit': list(DEIT)}
+    archs = {'pvt': ['tiny', 'small', 'medium', 'large'], 'swin': list(SWIN),
+             'cswin': ['tiny', 'small', 'base'], 'deit': list(DEIT)}
     worst = 0.0
     torch.manual_seed(0)
     for family in args.families:

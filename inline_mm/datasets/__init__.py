@@ -14,14 +14,10 @@ can use them with
   classes and palette as defaults (``CocoDataset`` itself also accepts
   ``metainfo=dict(classes=COCO_TOY_CLASSES)``).
 """
-from .toy_data import (ADE_TOY_CLASSES, ADE_TOY_PALETTE, COCO_TOY_ALL_CLASSES,
-                       COCO_TOY_CLASSES, COCO_TOY_PALETTE, MARKER_FILE, coco_toy_classes,
-                       make_ade_toy, make_coco_toy)
+from . import toy_data
+from .toy_data import *  # noqa: F401,F403
 
-__all__ = [
-    'ADE_TOY_CLASSES', 'ADE_TOY_PALETTE', 'COCO_TOY_ALL_CLASSES', 'COCO_TOY_CLASSES',
-    'COCO_TOY_PALETTE', 'MARKER_FILE', 'coco_toy_classes', 'make_ade_toy', 'make_coco_toy'
-]
+__all__ = list(toy_data.__all__)
 
 try:
     from mmseg.datasets import ADE20KDataset
@@ -31,12 +27,8 @@ except ImportError:  # segmentation toolkit not installed
 else:
     @MMSEG_DATASETS.register_module()
     class ADEToyDataset(ADE20KDataset):
-        """mmseg ``ADE20KDataset`` for the set written by :func:`make_ade_toy`.
-
-        Images ``*.jpg``, labels ``*.png`` with ``reduce_zero_label=True``
-        (label value ``k + 1`` is class ``k`` of :data:`ADE_TOY_CLASSES`).
-        """
-        METAINFO = dict(classes=ADE_TOY_CLASSES, palette=ADE_TOY_PALETTE)
+        """mmseg ``ADE20KDataset`` for the set written by :func:`make_ade_toy`."""
+        METAINFO = dict(classes=toy_data.ADE_TOY_CLASSES, palette=toy_data.ADE_TOY_PALETTE)
 
     __all__.append('ADEToyDataset')
 
@@ -54,6 +46,6 @@ else:
         with more classes pass ``metainfo=dict(classes=coco_toy_classes(n))``.
         """
         # The palette covers all five classes, so it also fits larger sets.
-        METAINFO = dict(classes=COCO_TOY_CLASSES, palette=COCO_TOY_PALETTE)
+        METAINFO = dict(classes=toy_data.COCO_TOY_CLASSES, palette=toy_data.COCO_TOY_PALETTE)
 
     __all__.append('CocoToyDataset')

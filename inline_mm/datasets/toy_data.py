@@ -31,7 +31,7 @@ the same arguments return immediately.
 import json
 import os
 import os.path as osp
-from typing import Callable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import cv2
 import numpy as np
@@ -80,9 +80,6 @@ def coco_toy_classes(num_classes: int = 3) -> Tuple[str, ...]:
     return COCO_TOY_ALL_CLASSES[:num_classes]
 
 
-# --------------------------------------------------------------------------
-# Argument checks
-# --------------------------------------------------------------------------
 def _check_int(name: str, value, low: int, high: Optional[int] = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f'{name} must be an integer, got {value!r}')
@@ -92,23 +89,22 @@ def _check_int(name: str, value, low: int, high: Optional[int] = None) -> int:
     return int(value)
 
 
-def _parse_size(image_size: Union[int, Sequence[int]]) -> Tuple[int, int]:
-    """Return ``(height, width)`` from an int or a ``(height, width)`` pair."""
+def _check_args(root, num_train, num_val, image_size, seed) -> Tuple:
+    """``(root, num_train, num_val, height, width, seed)``, checked in this order."""
+    if not isinstance(root, (str, os.PathLike)) or not str(root):
+        raise ValueError(f'root must be a non-empty path, got {root!r}')
+    root = osp.abspath(os.fspath(root))
+    num_train = _check_int('num_train', num_train, 1)
+    num_val = _check_int('num_val', num_val, 1)
     if isinstance(image_size, (list, tuple)):
         if len(image_size) != 2:
             raise ValueError(
                 f'image_size must be an int or a (height, width) pair, got {image_size!r}')
-        h, w = image_size
-        return (_check_int('image_size height', h, _MIN_SIZE),
-                _check_int('image_size width', w, _MIN_SIZE))
-    side = _check_int('image_size', image_size, _MIN_SIZE)
-    return side, side
-
-
-def _check_root(root) -> str:
-    if not isinstance(root, (str, os.PathLike)) or not str(root):
-        raise ValueError(f'root must be a non-empty path, got {root!r}')
-    return osp.abspath(os.fspath(root))
+        h = _check_int('image_size height', image_size[0], _MIN_SIZE)
+        w = _check_int('image_size width', image_size[1], _MIN_SIZE)
+    else:
+        h = w = _check_int('image_size', image_size, _MIN_SIZE)
+    return root, num_train, num_val, h, w, _check_int('seed', seed, 0)
 
 
 def _write_jpg(path: str, image_rgb: np.ndarray) -> None:
@@ -117,10 +113,7 @@ def _write_jpg(path: str, image_rgb: np.ndarray) -> None:
         raise OSError(f'could not write {path}')
 
 
-# --------------------------------------------------------------------------
-# Public generators
-# --------------------------------------------------------------------------
-_SPLITS = (('train', 0), ('val', 1))
+# seeds (seed, task, split, index): the two sets never draw the same images
 _TASK_COCO, _TASK_ADE = 0, 1
 
 
@@ -173,11 +166,8 @@ def make_coco_toy(root: str,
         FileExistsError: If ``root`` is a non-empty folder not written by
             this generator.
     """
-    root = _check_root(root)
-    num_train = _check_int('num_train', num_train, 1)
-    num_val = _check_int('num_val', num_val, 1)
-    h, w = _parse_size(image_size)
-    seed = _check_int('seed', seed, 0)
+    root, num_train, num_val, h, w, seed = _check_args(root, num_train, num_val, image_size,
+                                                        seed)
     classes = coco_toy_classes(num_classes)
     counts = dict(train=num_train, val=num_val)
     args = dict(kind='coco_toy', version=_GENERATOR_VERSION, num_train=num_train,
@@ -188,7 +178,7 @@ def make_coco_toy(root: str,
     def write(out: str, step: Callable[[], None]) -> dict:
         os.makedirs(osp.join(out, 'annotations'))
         summary = dict(classes=list(classes), num_images={}, num_annotations={})
-        for split, split_code in _SPLITS:
+        for split, split_code in (('train', 0), ('val', 1)):
             os.makedirs(osp.join(out, split))
             images, annotations = [], []
             for index in range(counts[split]):
@@ -278,11 +268,8 @@ def make_ade_toy(root: str,
         FileExistsError: If ``root`` is a non-empty folder not written by
             this generator.
     """
-    root = _check_root(root)
-    num_train = _check_int('num_train', num_train, 1)
-    num_val = _check_int('num_val', num_val, 1)
-    h, w = _parse_size(image_size)
-    seed = _check_int('seed', seed, 0)
+    root, num_train, num_val, h, w, seed = _check_args(root, num_train, num_val, image_size,
+                                                        seed)
     shapes = ADE_TOY_CLASSES[1:]
     counts = dict(training=num_train, validation=num_val)
     args = dict(kind='ade_toy', version=_GENERATOR_VERSION, num_train=num_train,

@@ -7,6 +7,7 @@ folder this generator did not write is never deleted.  Only the standard
 library (and mmengine's progress bar, when asked for) is used, so the
 generator still loads without the plugin.
 """
+import itertools
 import json
 import os
 import os.path as osp
@@ -34,16 +35,6 @@ def _read_marker(root: str) -> Optional[dict]:
             return json.load(f)
     except (OSError, ValueError):
         return None
-
-
-def _progress_callback(progress: ProgressArg, total: int) -> Callable[[int, int], None]:
-    if callable(progress):
-        return progress
-    if progress:
-        from mmengine.utils import ProgressBar
-        bar = ProgressBar(total)
-        return lambda done, total: bar.update()
-    return lambda done, total: None
 
 
 def write_once(root: str, args: dict, expected: Dict[str, Tuple[int, str]],
@@ -93,12 +84,15 @@ def write_once(root: str, args: dict, expected: Dict[str, Tuple[int, str]],
     os.makedirs(tmp)
     old = None
     try:
-        callback = _progress_callback(progress, total)
-        done = [0]
+        if progress and not callable(progress):
+            from mmengine.utils import ProgressBar
+            bar = ProgressBar(total)
+            progress = lambda done, total: bar.update()  # noqa: E731
+        done = itertools.count(1)
 
         def step() -> None:
-            done[0] += 1
-            callback(done[0], total)
+            if progress:
+                progress(next(done), total)
 
         summary = write(tmp, step)
         summary = dict(summary, args=args)

@@ -33,9 +33,6 @@ _POLY_EPSILON = 0.4
 _MIN_CONTRAST = 110.0
 
 
-# --------------------------------------------------------------------------
-# Scene rendering
-# --------------------------------------------------------------------------
 def _shape_vertices(rng: np.random.Generator, name: str, extent: float) -> np.ndarray:
     """Vertices (N, 2) in pixels of one shape centred on the origin.
 
@@ -46,8 +43,7 @@ def _shape_vertices(rng: np.random.Generator, name: str, extent: float) -> np.nd
     angle = rng.uniform(0.0, np.pi)
     if name == 'circle':
         t = np.linspace(0.0, 2 * np.pi, 96, endpoint=False)
-        pts = 0.5 * extent * np.stack([np.cos(t), np.sin(t)], 1)
-        return pts  # rotation does not matter
+        return 0.5 * extent * np.stack([np.cos(t), np.sin(t)], 1)  # rotation does not matter
     if name == 'ellipse':
         # Clearly elongated, so ellipses are not confused with circles.
         t = np.linspace(0.0, 2 * np.pi, 96, endpoint=False)
@@ -216,20 +212,17 @@ def _draw_scene(rng: np.random.Generator, h: int, w: int, classes: Sequence[str]
     return np.clip(np.rint(image), 0, 255).astype(np.uint8), inst, labels
 
 
-def render_scene(rng: np.random.Generator, h: int, w: int, classes: Sequence[str],
-            min_objects: int = 1) -> Tuple[np.ndarray, np.ndarray, List[int]]:
+def render_scene(rng: np.random.Generator, h: int, w: int, classes: Sequence[str]
+                 ) -> Tuple[np.ndarray, np.ndarray, List[int]]:
     """:func:`_draw_scene` retried until at least one object is drawn."""
     for _ in range(20):
         image, inst, labels = _draw_scene(rng, h, w, classes)
         visible = np.bincount(inst.ravel(), minlength=len(labels) + 1)[1:]
-        if (visible >= MIN_VISIBLE_AREA * h * w).sum() >= min_objects:
+        if (visible >= MIN_VISIBLE_AREA * h * w).any():
             return image, inst, labels
     raise RuntimeError('could not place any object; image_size is too small')  # pragma: no cover
 
 
-# --------------------------------------------------------------------------
-# Masks -> COCO polygons
-# --------------------------------------------------------------------------
 def clean_mask(mask: np.ndarray) -> np.ndarray:
     """Drop connected pieces smaller than ``_MIN_PIECE_PIXELS`` (slivers)."""
     n, cc, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)

@@ -128,16 +128,12 @@ class _BackboneNeck(nn.Module):
         return tuple(self.model.extract_feat(x))
 
 
-class _SegmentorLogits(nn.Module):
+class _SegmentorLogits(_BackboneNeck):
     """A whole encoder-decoder segmentor: normalised image -> logits at the input size.
 
     The same computation as mmseg's ``whole`` inference on one padded batch:
     decode head on the features, bilinear resize to the input size.
     """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, x: Tensor) -> Tensor:
         from mmseg.models.utils import resize

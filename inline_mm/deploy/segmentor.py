@@ -7,6 +7,8 @@ and cropping / resizing the logits back to the original image, are mmseg's
 own code (the config's test pipeline, the model's data preprocessor and
 ``postprocess_result``), so the label map is the one PyTorch inference draws.
 """
+import os
+import os.path as osp
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -38,23 +40,17 @@ def predict_images(model: nn.Module, session, images: Sequence[str | np.ndarray]
 def draw_images(model: nn.Module, cfg, images: Sequence[str], results: Sequence[object],
                 out_dir: str, opacity: float = 0.5) -> List[str]:
     """Draw label maps over the images with mmseg's visualizer (PNG files in ``out_dir``)."""
-    import os
-    import os.path as osp
-
     import mmcv
     from mmseg.registry import VISUALIZERS
+
+    from ..engine.runner_utils import dataset_metainfo, drawing_names
     os.makedirs(out_dir, exist_ok=True)
     visualizer = VISUALIZERS.build(dict(cfg.visualizer, name=f'inline_mm_onnx_{id(model)}',
                                         save_dir=None, vis_backends=None))
     # a model loaded from a checkpoint carries its classes; a freshly built one takes
     # those of the config's test dataset
-    meta = getattr(model, 'dataset_meta', None)
-    if not meta:
-        from ..engine.runner_utils import dataset_metainfo
-        meta = dataset_metainfo(cfg)
-    visualizer.dataset_meta = meta
+    visualizer.dataset_meta = getattr(model, 'dataset_meta', None) or dataset_metainfo(cfg)
     visualizer.alpha = opacity
-    from ..engine.runner_utils import drawing_names
     written = []
     for path, result, name in zip(images, results, drawing_names(images)):
         image = mmcv.imconvert(mmcv.imread(path), 'bgr', 'rgb')

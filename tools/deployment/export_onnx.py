@@ -59,7 +59,8 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def run(args) -> int:
+def main(argv=None) -> int:
+    args = parse_args(argv)
     require_onnx()
     shape = tuple(args.size)
     model, _, task = build_model(args.config, args.checkpoint, cfg_options=args.cfg_options,
@@ -87,10 +88,6 @@ def run(args) -> int:
         print(f"  {format_size((h, w))}: max |onnxruntime - torch| / max |torch| = {diff:.2e} "
               f"{'ok' if passed else f'FAILS (> {args.tolerance:g})'}")
     return 0 if ok else 1
-
-
-def main(argv=None) -> int:
-    return run(parse_args(argv)) or 0
 
 
 if __name__ == '__main__':

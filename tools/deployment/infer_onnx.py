@@ -43,7 +43,8 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def run(args) -> int:
+def main(argv=None) -> int:
+    args = parse_args(argv)
     require_onnx()
     check_image_files(args.images)
     from inline_mm.deploy.segmentor import draw_images, predict_images
@@ -65,10 +66,6 @@ def run(args) -> int:
             agree = (ref == result.pred_sem_seg.data).float().mean().item()
             print(f'  {osp.basename(path)}: {100 * agree:.3f} % of pixels as PyTorch')
     return 0
-
-
-def main(argv=None) -> int:
-    return run(parse_args(argv)) or 0
 
 
 if __name__ == '__main__':
