@@ -65,6 +65,13 @@ def clip_window(window: Window, hw: Tuple[int, int], shift: int | Tuple[int, int
 
 def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
     """Zero-pad a ``(B, H, W, C)`` map at the bottom / right to multiples of ``multiple``."""
+    return _zero_pad_to_multiple(x, multiple)
+
+
+def _zero_pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
+    """:func:`pad_to_multiple`'s padding, for code whose sums count on its zeros
+    (:func:`window_token_means`; the tests replace ``pad_to_multiple``'s zeros with noise
+    to show that masked padding never reaches real tokens)."""
     h, w = x.shape[1:3]
     pad_h, pad_w = round_up(h, multiple[0]) - h, round_up(w, multiple[1]) - w
     if symbolic.in_graph() or pad_h or pad_w:  # in a graph: pad by a symbolic size, maybe 0
@@ -172,13 +179,7 @@ def window_token_means(x: Tensor, window: Tuple[int, int], valid: Optional[Tenso
     windows.  Summed from the zero-padded map itself: what a mean over partitioned
     windows gives, without partitioning ``x``.
     """
-    x = x.float()
-    h, w = x.shape[1:3]
-    pad_h, pad_w = round_up(h, window[0]) - h, round_up(w, window[1]) - w
-    if symbolic.in_graph() or pad_h or pad_w:
-        # F.pad's zeros, whatever the attention's padding holds: the sums count on them
-        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
-    sums = window_sums(x, window)
+    sums = window_sums(_zero_pad_to_multiple(x.float(), window), window)
     if valid is None:
         return sums / (window[0] * window[1])
     return sums / valid.sum(dim=-1, keepdim=True).to(torch.float32).clamp_min(1.0)
