@@ -335,6 +335,22 @@ def test_metafile_edit_that_does_not_read_back_is_refused():
         metafile.check_metafile(text, broken, name, results, weights, {'Epochs': 12})
 
 
+def test_metafile_names_yaml_reads_as_numbers_or_otherwise_are_found_or_named():
+    """A name YAML reads as a number is the entry's name; one whose line matches but whose
+    YAML reads differently (an escaped quote) is a ConfigError naming it, not a KeyError."""
+    text = ('Collections:\n  - Name: C\n    README: configs/det/README.md\n'
+            'Models:\n  - Name: 2024\n    In Collection: C\n    Config: a.py\n'
+            "  - Name: 'it''s'\n    In Collection: C\n    Config: b.py\n")
+    entry = metafile.entry_fields(text, '2024')
+    assert entry['Config'] == 'a.py' and entry['_collection']['Name'] == 'C'
+    results = [dict(Task='Object Detection', Dataset='COCO', Metrics={'box AP': 1.0})]
+    new = metafile.set_metafile_entry(text, '2024', results, 'w.pth', {'Epochs': 1})
+    metafile.check_metafile(text, new, '2024', results, 'w.pth', {'Epochs': 1})
+    assert metafile.find_entry(text, "it''s") is not None  # the line matches ...
+    with pytest.raises(ConfigError, match=r"no Models entry whose Name reads as \"it''s\""):
+        metafile.entry_fields(text, "it''s")  # ... its YAML (it's) does not
+
+
 def test_metafile_edit_keeps_every_other_entry_byte_for_byte():
     """The real det metafile and README: one entry's lines, one row's last cell."""
     path = os.path.join(REPO_ROOT, 'configs', 'det', 'metafile.yml')

@@ -115,7 +115,7 @@ def check_metafile(old: str, new: str, name: str, results: List[dict], weights: 
     """Read ``new`` back: the entry holds what was written, every other entry is as in
     ``old``; else a ConfigError (a layout the line editor does not handle)."""
     before, after = yaml.safe_load(old), yaml.safe_load(new)
-    models_before, models_after = ({m['Name']: m for m in data.get('Models') or []}
+    models_before, models_after = ({str(m['Name']): m for m in data.get('Models') or []}
                                    for data in (before, after))
     entry = models_after.get(name) or {}
     wrong = [k for k, v in (('Results', results), ('Weights', weights)) if entry.get(k) != v]
@@ -135,9 +135,12 @@ def check_metafile(old: str, new: str, name: str, results: List[dict], weights: 
 def entry_fields(text: str, name: str) -> dict:
     """The parsed metafile entry ``name`` (and its collection's fields under '_collection')."""
     data = yaml.safe_load(text) or {}
-    entry = next((m for m in data.get('Models') or [] if m.get('Name') == name), None)
+    # str(): YAML reads a name such as 1.0 or 2024 as a number
+    entry = next((m for m in data.get('Models') or [] if str(m.get('Name')) == name), None)
     if entry is None:
-        return {}
+        raise ConfigError(f'the metafile has no Models entry whose Name reads as {name!r} '
+                          f'(its line matched, its YAML did not): write the name on the '
+                          f'"- Name:" line as plain text, without quotes or a comment')
     collection = next((c for c in data.get('Collections') or []
                        if c.get('Name') == entry.get('In Collection')), {})
     return dict(entry, _collection=collection)
