@@ -115,8 +115,7 @@ def check_metafile(old: str, new: str, name: str, results: List[dict], weights: 
     """Read ``new`` back: the entry holds what was written, every other entry is as in
     ``old``; else a ConfigError (a layout the line editor does not handle)."""
     before, after = yaml.safe_load(old), yaml.safe_load(new)
-    models_before, models_after = ({str(m['Name']): m for m in data.get('Models') or []}
-                                   for data in (before, after))
+    models_before, models_after = _models(before), _models(after)
     entry = models_after.get(name) or {}
     wrong = [k for k, v in (('Results', results), ('Weights', weights)) if entry.get(k) != v]
     wrong += [f'Metadata.{k}' for k, v in metadata.items()
@@ -132,15 +131,20 @@ def check_metafile(old: str, new: str, name: str, results: List[dict], weights: 
             f'line with two-space indents, or edit it by hand')
 
 
+def _models(data: Optional[dict]) -> Dict[str, dict]:
+    """The parsed ``Models`` entries by name; str(): YAML reads a name such as 2024 as a
+    number, while the line editor (:func:`find_entry`) matches it as text."""
+    return {str(m.get('Name')): m for m in (data or {}).get('Models') or []}
+
+
 def entry_fields(text: str, name: str) -> dict:
     """The parsed metafile entry ``name`` (and its collection's fields under '_collection')."""
     data = yaml.safe_load(text) or {}
-    # str(): YAML reads a name such as 1.0 or 2024 as a number
-    entry = next((m for m in data.get('Models') or [] if str(m.get('Name')) == name), None)
+    entry = _models(data).get(name)
     if entry is None:
         raise ConfigError(f'the metafile has no Models entry whose Name reads as {name!r} '
                           f'(its line matched, its YAML did not): write the name on the '
-                          f'"- Name:" line as plain text, without quotes or a comment')
+                          f'"- Name:" line as plain text, without quotes')
     collection = next((c for c in data.get('Collections') or []
                        if c.get('Name') == entry.get('In Collection')), {})
     return dict(entry, _collection=collection)
