@@ -222,6 +222,53 @@ def test_inductor_compiles_the_training_graph_of_a_padded_patch_embedding(compil
 
 
 @needs_torch_2_2
+@pytest.mark.slow  # inductor builds C++ kernels: under a minute
+def test_inductor_convolutions_of_a_one_sample_token_grid_see_a_channels_last_map():
+    """Inductor writes the stride of a size-1 dimension as 0; a zero batch stride fails
+    the CPU convolution's channels-last test, and oneDNN then copies the map to NCHW
+    (3x3 depthwise: 10x slower).  The token grids of the backbones' convolutions (a
+    one-sample image's grid, every per-sample depthwise convolution) keep a real batch
+    stride in inductor's code, forward and backward, with eager numbers."""
+    import re
+
+    import torch.nn.functional as F
+    from torch._inductor.utils import run_and_get_code
+
+    from inline_mm.models.layers.inline_attention import (depthwise_conv3x3_per_sample,
+                                                          grid_to_tokens, tokens_to_grid)
+    torch.manual_seed(0)
+    hw, c = (9, 13), 8
+    merge = torch.randn(2 * c, c, 3, 3, requires_grad=True)  # a strided merge / embedding
+    kernels = torch.randn(3 * c, 1, 3, 3, requires_grad=True)  # 3 windows' own kernels
+
+    def grids(tokens):
+        merged = F.conv2d(tokens_to_grid(tokens * 2, hw), merge, stride=2, padding=1)
+        windows = torch.cat([tokens, tokens + 1, tokens * 3]) * 0.5  # (3, N, C)
+        local = depthwise_conv3x3_per_sample(windows, hw, kernels)
+        return grid_to_tokens(merged), local
+
+    tokens = torch.randn(1, hw[0] * hw[1], c, requires_grad=True)
+    compiled = torch.compile(grids, dynamic=False, fullgraph=True)
+    (merged, local), codes = run_and_get_code(compiled, tokens)
+    calls = [line for code in codes for line in code.splitlines()
+             if 'extern_kernels.convolution(' in line]
+    assert len(calls) == 2, f'expected the two convolutions in inductor code, got {calls}'
+    for call in calls:  # the input: reinterpret_tensor(buf, (1, C, h, w), (N-stride, ...
+        strides = re.search(r'convolution\(reinterpret_tensor\(\w+, \(1, [^)]*\), \((\d+),', call)
+        assert strides, f'the input is not a (1, C, h, w) view of a buffer: {call}'
+        assert int(strides.group(1)) > 0, f'zero batch stride: {call}'
+    want = grids(tokens)
+    for got, expected in zip((merged, local), want):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad((merged.square().sum() + local.square().sum()),
+                                [tokens, merge, kernels])
+    want_grads = torch.autograd.grad(want[0].square().sum() + want[1].square().sum(),
+                                     [tokens, merge, kernels])
+    for got, expected in zip(grads, want_grads):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@needs_torch_2_2
 @pytest.mark.slow  # about two minutes: AOT autograd traces the toy detector's backbone
 def test_toy_detector_trains_with_a_compiled_backbone(toy_root, tmp_path):
     work_dir = str(tmp_path / 'work')

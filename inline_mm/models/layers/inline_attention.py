@@ -122,15 +122,40 @@ def zero_padded_tokens(x: Tensor, valid: Optional[Tensor]) -> Tensor:
     return x if valid is None else x * valid.unsqueeze(-1).to(x.dtype)
 
 
+def _grid_view(x: Tensor, hw: Tuple[int, int]) -> Tensor:
+    b, _, c = x.shape
+    return x.reshape(b, hw[0], hw[1], c).permute(0, 3, 1, 2)
+
+
+def channels_last_conv_input(grid: Tensor) -> Tensor:
+    """A channels-last ``(1, C, h, w)`` map as a compiled convolution should see it.
+
+    In a compiled graph inductor gives a dimension of size 1 the stride 0, and the
+    CPU convolution's layout test (c10's channels-last stride check) fails on a zero
+    batch stride: oneDNN copies the map to NCHW and convolves there (3x3 depthwise:
+    10x slower on a 2-core Intel Xeon with AMX, 2026-12-07).  So under
+    ``torch.compile`` a one-sample map is made dense channels-last (no copy when it is
+    already) and given its real batch stride; other maps, and every map outside a
+    compiled graph, are returned as they are.  A batch that is a symbolic size is more
+    than one sample (dynamo specialises 1) and has a real stride already.
+    """
+    if not symbolic.is_compiling() or not isinstance(grid.shape[0], int) or grid.shape[0] != 1:
+        return grid
+    _, c, h, w = grid.shape
+    dense = grid.permute(0, 2, 3, 1).contiguous()
+    return dense.as_strided(grid.shape, (h * w * c, 1, w * c, c))
+
+
 def tokens_to_grid(x: Tensor, hw: Tuple[int, int]) -> Tensor:
-    """``(B, h*w, C)`` -> ``(B, C, h, w)``, a channels-last view of the tokens.
+    """``(B, h*w, C)`` -> ``(B, C, h, w)``, a channels-last view of the tokens for a
+    convolution.
 
     Convolutions take channels-last input directly (oneDNN / cuDNN), so no
     NCHW copy is made on the way in, and :func:`grid_to_tokens` turns their
-    output back without a copy either.
+    output back without a copy either (under ``torch.compile``, see
+    :func:`channels_last_conv_input`).
     """
-    b, _, c = x.shape
-    return x.reshape(b, hw[0], hw[1], c).permute(0, 3, 1, 2)
+    return channels_last_conv_input(_grid_view(x, hw))
 
 
 #: Maps of at least this many values leave :func:`tokens_to_nchw` through ATen's blocked 2-D
@@ -153,7 +178,7 @@ def tokens_to_nchw(x: Tensor, hw: Tuple[int, int]) -> Tensor:
     b, n, c = x.shape
     # the graph test first: in a recorded graph a test of the size would guard on it
     if not symbolic.eager_on_cpu(x) or n * c < BLOCKED_TRANSPOSE_MIN_VALUES:
-        return tokens_to_grid(x, hw).contiguous()
+        return _grid_view(x, hw).contiguous()
     out = x.new_empty(b, c, hw[0], hw[1])
     planes = out.view(b, c, n)
     for i in range(b):
@@ -180,6 +205,7 @@ def depthwise_conv3x3_per_sample(x: Tensor, hw: Tuple[int, int], weight: Tensor,
     b, _, c = x.shape
     h, w = hw
     grid = x.reshape(b, h, w, c).permute(1, 2, 0, 3).reshape(1, h, w, b * c).permute(0, 3, 1, 2)
+    grid = channels_last_conv_input(grid)
     weight = weight.to(grid.dtype)
     bias = None if bias is None else bias.to(grid.dtype)
     if symbolic.is_onnx_export():  # ONNX Conv needs a kernel of static shape
