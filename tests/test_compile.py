@@ -226,7 +226,7 @@ def test_inductor_compiles_the_training_graph_of_a_padded_patch_embedding(compil
 def test_inductor_convolutions_of_a_one_sample_token_grid_see_a_channels_last_map():
     """Inductor writes the stride of a size-1 dimension as 0; a zero batch stride fails
     the CPU convolution's channels-last test, and oneDNN then copies the map to NCHW
-    (3x3 depthwise: 10x slower).  The token grids of the backbones' convolutions (a
+    and convolves there.  The token grids of the backbones' convolutions (a
     one-sample image's grid, every per-sample depthwise convolution) keep a real batch
     stride in inductor's code, forward and backward, with eager numbers."""
     import re
