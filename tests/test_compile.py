@@ -267,6 +267,36 @@ def test_inductor_convolutions_of_a_one_sample_token_grid_see_a_channels_last_ma
     for got, expected in zip(grads, want_grads):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
+@needs_torch_2_2
+@pytest.mark.parametrize('dynamic', [False, True, None])
+def test_a_static_size_graph_runs_the_mlp_in_token_chunks(dynamic):
+    """Compiled for static sizes (``dynamic=False``), the inference MLP unrolls its loop
+    over token chunks (each chunk's hidden tensor stays in cache, as in eager); where
+    sizes may be symbolic (``dynamic=True``, and the default that turns a size symbolic on
+    a recompile) it is one pass, since a loop over a symbolic size would specialise the
+    graph on it.  Eager numbers either way."""
+    from inline_mm.models.layers.blocks import TokenMlp
+
+    torch.manual_seed(0)
+    mlp = TokenMlp(8, 32).eval()
+    mlp.chunk_tokens = 4  # 2 x 11 tokens: 6 chunks, the last one partial
+    graphs = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs) -> callable:
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(2, 11, 8)
+    compiled = torch.compile(mlp, backend=capture, dynamic=dynamic, fullgraph=True)
+    with torch.no_grad():
+        got, want = compiled(x), mlp(x)
+    assert len(graphs) == 1
+    linears = [node for node in graphs[0].graph.nodes
+               if node.op == 'call_function' and 'linear' in str(node.target)]
+    assert len(linears) == (2 * 6 if dynamic is False else 2), graphs[0].code
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 
 @needs_torch_2_2
 @pytest.mark.slow  # about two minutes: AOT autograd traces the toy detector's backbone

@@ -23,10 +23,13 @@ class TokenMlp(Mlp):
     (InLine-PVT's first stage: 67k tokens x 512 hidden channels at 1333x800)
     this keeps the hidden tensor in cache instead of streaming hundreds of MB
     through memory twice, and lowers the peak memory of a forward pass.  The
-    result is the same per token; training (autograd on), tensors on other
-    devices than the CPU and recorded graphs take timm's path
-    (:func:`~.symbolic.eager_on_cpu`: the gain was measured on CPUs only, a GPU runs one
-    large matmul best, and a recorded graph would freeze the loop over a size).
+    result is the same per token.  A ``torch.compile`` graph of static sizes
+    unrolls the loop at its size (inductor's GELU and LayerNorm kernels then read
+    their chunk from cache too); training (autograd on), tensors on other devices
+    than the CPU, symbolic sizes and traced graphs take timm's path
+    (:func:`~.symbolic.loops_over_sizes`: the gain was measured on CPUs only, a GPU
+    runs one large matmul best, and a symbolic or traced graph would freeze the loop
+    over one size).
     """
 
     #: Tokens per chunk: 4096 x 512 fp32 hidden values = 8 MB.
@@ -34,7 +37,7 @@ class TokenMlp(Mlp):
 
     def forward(self, x: Tensor) -> Tensor:
         # the size test last: in a recorded graph it would put a guard on the size
-        if self.training or torch.is_grad_enabled() or not symbolic.eager_on_cpu(x):
+        if self.training or torch.is_grad_enabled() or not symbolic.loops_over_sizes(x):
             return super().forward(x)
         num_tokens = x.numel() // x.shape[-1]
         if num_tokens <= 2 * self.chunk_tokens:
