@@ -145,7 +145,7 @@ def test_prefix_token_takes_part_but_gets_no_local_term():
 def test_token_mlp_inference_chunks_match_timm_mlp(bias):
     from timm.layers import Mlp
 
-    from inline_mm.models.layers.blocks import TokenMlp
+    from inline_mm.models.layers.token_mlp import TokenMlp
     torch.manual_seed(0)
     mlp = TokenMlp(16, 64, bias=bias).eval()
     mlp.chunk_tokens = 7  # 2 x 50 tokens: 15 chunks, the last one partial

@@ -11,7 +11,7 @@ import torch
 from inline_mm import InLineSwin
 from inline_mm.models.layers import cache as cache_module
 from inline_mm.models.layers import symbolic
-from inline_mm.models.layers.blocks import TokenMlp
+from inline_mm.models.layers.token_mlp import TokenMlp
 from inline_mm.models.layers.cache import CACHE, TensorCache, nbytes
 from inline_mm.models.layers.softmax_attention import WindowAttention
 from inline_mm.models.layers.windows import region_bias, valid_mask

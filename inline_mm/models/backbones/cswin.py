@@ -9,7 +9,7 @@ from torch import Tensor
 from ...errors import ConfigError
 from ...registry import register_model
 from ..converters import convert_cswin
-from ..layers.blocks import TokenMlp
+from ..layers.token_mlp import TokenMlp
 from ..layers import symbolic
 from ..layers.inline_attention import (InLineCore, depthwise_conv3x3_per_sample,
                                        grid_to_tokens, project_with_mean, tokens_to_grid,

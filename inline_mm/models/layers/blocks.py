@@ -3,55 +3,15 @@ from typing import Dict, Optional, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath
 from torch import Tensor
 
-from . import symbolic
 from .attention_kind import AttentionKind, BlockArgs
 from .inline_attention import InLineAttention, grid_to_tokens
 from .softmax_attention import WindowAttention
+from .token_mlp import TokenMlp
 from .windows import Window, pad_image, pad_to_multiple, run_in_windows
 from ...errors import ConfigError
-
-
-class TokenMlp(Mlp):
-    """timm's ``Mlp`` (same parameters and keys) that runs inference in token chunks.
-
-    Without autograd the ``mlp_ratio``-wide hidden activations are only
-    temporaries, so the tokens go through ``fc1 -> GELU -> fc2`` in chunks of
-    ``chunk_tokens``, each copied into the output.  At detection sizes
-    (InLine-PVT's first stage: 67k tokens x 512 hidden channels at 1333x800)
-    this keeps the hidden tensor in cache instead of streaming hundreds of MB
-    through memory twice, and lowers the peak memory of a forward pass.  The
-    result is the same per token.  A ``torch.compile`` graph of static sizes
-    unrolls the loop at its size (inductor's GELU and LayerNorm kernels then read
-    their chunk from cache too); training (autograd on), tensors on other devices
-    than the CPU, symbolic sizes and traced graphs take timm's path
-    (:func:`~.symbolic.loops_over_sizes`: the gain was measured on CPUs only, a GPU
-    runs one large matmul best, and a symbolic or traced graph would freeze the loop
-    over one size).
-    """
-
-    #: Tokens per chunk: 4096 x 512 fp32 hidden values = 8 MB.
-    chunk_tokens = 4096
-
-    def forward(self, x: Tensor) -> Tensor:
-        # the size test last: in a recorded graph it would put a guard on the size
-        if self.training or torch.is_grad_enabled() or not symbolic.loops_over_sizes(x):
-            return super().forward(x)
-        num_tokens = x.numel() // x.shape[-1]
-        if num_tokens <= 2 * self.chunk_tokens:
-            return super().forward(x)
-        tokens = x.reshape(num_tokens, x.shape[-1])
-        out = None
-        for start in range(0, num_tokens, self.chunk_tokens):
-            # timm's order; the dropouts are no-ops in eval mode
-            hidden = self.act(self.fc1(tokens[start:start + self.chunk_tokens]))
-            chunk = self.fc2(self.norm(hidden))
-            if out is None:  # dtype from the first chunk: autocast decides it
-                out = chunk.new_empty(num_tokens, chunk.shape[-1])
-            out[start:start + chunk.shape[0]] = chunk
-        return out.view(*x.shape[:-1], out.shape[-1])
 
 
 class PatchEmbed(nn.Module):

@@ -15,7 +15,6 @@ mask and index has one implementation.
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
-import torch._dynamo.config as _dynamo_config
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -63,29 +62,6 @@ def eager_on_cpu(x: Tensor) -> bool:
     export, ``torch.compile``): where Python control flow over a size (a loop over
     token chunks or samples) costs nothing, since no graph would freeze it."""
     return x.device.type == 'cpu' and not is_jit_tracing() and not in_graph()
-
-
-def compiling_static_sizes() -> bool:
-    """True while ``torch.compile`` traces with static sizes only (``dynamic=False``).
-
-    Dynamo shows a symbolic size to the traced code as a plain int, so the mode is read
-    from the settings ``torch.compile`` applies for the trace: ``dynamic=False`` turns
-    automatic dynamic shapes off and assumes static sizes; ``dynamic=True`` and the
-    default (``None``: static first, symbolic on a recompile) do not.
-    """
-    return (is_compiling() and _dynamo_config.assume_static_by_default
-            and not _dynamo_config.automatic_dynamic_shapes)
-
-
-def loops_over_sizes(x: Tensor) -> bool:
-    """True for a CPU tensor where a Python loop over its sizes costs nothing: eager
-    (:func:`eager_on_cpu`), or a ``torch.compile`` graph of static sizes, which unrolls
-    the loop at its size (a new size recompiles such a graph anyway).  False for
-    symbolic sizes (the loop would make dynamo specialise the graph on each size),
-    under ``torch.jit`` tracing and ONNX export, and on other devices."""
-    if x.device.type != 'cpu' or is_jit_tracing() or is_onnx_export():
-        return False
-    return not is_compiling() or compiling_static_sizes()
 
 
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],
