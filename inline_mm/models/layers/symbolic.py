@@ -15,6 +15,7 @@ mask and index has one implementation.
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
+import torch._dynamo.config as _dynamo_config
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -62,6 +63,39 @@ def eager_on_cpu(x: Tensor) -> bool:
     export, ``torch.compile``): where Python control flow over a size (a loop over
     token chunks or samples) costs nothing, since no graph would freeze it."""
     return x.device.type == 'cpu' and not is_jit_tracing() and not in_graph()
+
+
+#: whether dynamo can trace a read of its own settings: torch 2.1's cannot (a graph
+#: break); 2.4.1 and 2.14.1 were checked, 2.2 / 2.3 were not (so they count as static-
+#: unaware: their compiled graphs take the one-pass paths)
+_READS_DYNAMO_SETTINGS = torch.__version__ >= '2.4'  # a TorchVersion compares as a version
+
+
+def compiling_static_sizes() -> bool:
+    """True while ``torch.compile`` traces with static sizes only (``dynamic=False``).
+
+    Dynamo shows a symbolic size to the traced code as a plain int, so the mode is read
+    from the settings ``torch.compile`` applies for the trace: ``dynamic=False`` turns
+    automatic dynamic shapes off and assumes static sizes; ``dynamic=True`` and the
+    default (``None``: static first, symbolic on a recompile) do not.  Always False
+    before torch 2.4 (see ``_READS_DYNAMO_SETTINGS``).
+    """
+    if not (_READS_DYNAMO_SETTINGS and is_compiling()):
+        return False
+    # the settings exist from torch 2.1 on (its inventory cannot list a config module's)
+    return (_dynamo_config.assume_static_by_default  # api-floor: guarded
+            and not _dynamo_config.automatic_dynamic_shapes)
+
+
+def loops_over_sizes(x: Tensor) -> bool:
+    """True for a CPU tensor where a Python loop over its sizes costs nothing: eager
+    (:func:`eager_on_cpu`), or a ``torch.compile`` graph of static sizes, which unrolls
+    the loop at its size (a new size recompiles such a graph anyway).  False for
+    symbolic sizes (the loop would make dynamo specialise the graph on each size),
+    under ``torch.jit`` tracing and ONNX export, and on other devices."""
+    if x.device.type != 'cpu' or is_jit_tracing() or is_onnx_export():
+        return False
+    return not is_compiling() or compiling_static_sizes()
 
 
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],
