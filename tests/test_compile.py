@@ -297,7 +297,10 @@ def test_a_static_size_graph_runs_the_mlp_in_token_chunks(dynamic, autocast):
             x = torch.randn(2, n, 8)
             got, want = compiled(x), mlp(x)
             assert got.dtype == want.dtype
-            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+            # bf16: torch's default tolerance (one-pass and chunked matmuls may round
+            # differently on another CPU's kernels)
+            tolerance = {} if autocast else dict(rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(got, want, **tolerance)
     # a graph per size unless sizes are symbolic from the start
     assert len(graphs) == (1 if dynamic else 2), f'{len(graphs)} graphs'
     # the linear layers: inlined calls (recent torch) or module calls (torch 2.4)

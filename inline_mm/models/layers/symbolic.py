@@ -61,7 +61,7 @@ def in_graph() -> bool:
 def eager_on_cpu(x: Tensor) -> bool:
     """True for a CPU tensor outside every recorded graph (``torch.jit`` tracing, ONNX
     export, ``torch.compile``): where Python control flow over a size (a loop over
-    token chunks or samples) costs nothing, since no graph would freeze it."""
+    samples) costs nothing, since no graph would freeze it."""
     return x.device.type == 'cpu' and not is_jit_tracing() and not in_graph()
 
 
@@ -78,7 +78,9 @@ def compiling_static_sizes() -> bool:
     from the settings ``torch.compile`` applies for the trace: ``dynamic=False`` turns
     automatic dynamic shapes off and assumes static sizes; ``dynamic=True`` and the
     default (``None``: static first, symbolic on a recompile) do not.  Always False
-    before torch 2.4 (see ``_READS_DYNAMO_SETTINGS``).
+    before torch 2.4 (see ``_READS_DYNAMO_SETTINGS``).  Strict ``torch.export`` sets the
+    same settings, and ``mark_dynamic`` can make a dimension symbolic under them: a
+    caller that loops over sizes then pins them (not used by this project).
     """
     if not (_READS_DYNAMO_SETTINGS and is_compiling()):
         return False

@@ -4,10 +4,13 @@ Without autograd the ``mlp_ratio``-wide hidden activations are only temporaries,
 the tokens go through ``fc1 -> GELU -> fc2`` in chunks: at detection sizes
 (InLine-PVT's first stage: 67k tokens x 512 hidden channels at 1333x800) each chunk's
 hidden tensor stays in cache instead of streaming hundreds of MB through memory
-twice, and the peak memory of a forward pass drops.  A ``torch.compile`` graph of
-static sizes unrolls the loop at its size (inductor then fuses each chunk's bias and
-GELU in cache); with symbolic sizes the loop would make dynamo specialise the graph
-on every size, so those graphs run the MLP in one pass.
+twice, and the peak memory of a forward pass drops.  A ``torch.compile`` graph
+compiled with ``dynamic=False`` (torch >= 2.4) unrolls the loop at its size (inductor
+then fuses each chunk's bias and GELU in cache); every other graph runs the MLP in one
+pass: with symbolic sizes the loop would make dynamo specialise the graph on every
+size.  Not handled: a dimension marked dynamic (``mark_dynamic``) inside a
+``dynamic=False`` compilation, and strict ``torch.export`` with dynamic shapes, where
+the loop would pin that size.
 """
 from typing import Callable
 
@@ -41,10 +44,11 @@ class TokenMlp(Mlp):
     """timm's ``Mlp`` (same parameters and keys) that runs inference in token chunks.
 
     The result is the same per token.  Training (autograd on), tensors on other
-    devices than the CPU, compiled graphs with symbolic sizes and ``torch.jit`` / ONNX
-    traces take timm's path (:func:`~.symbolic.loops_over_sizes`: the gain was
-    measured on CPUs only, a GPU runs one large matmul best, and a symbolic or traced
-    graph would freeze the loop over one size).
+    devices than the CPU, compiled graphs other than ``dynamic=False`` ones on torch
+    >= 2.4, and ``torch.jit`` / ONNX traces take timm's path
+    (:func:`~.symbolic.loops_over_sizes`: the gain was measured on CPUs only, a GPU runs
+    one large matmul best, and a symbolic or traced graph would freeze the loop over one
+    size).
     """
 
     #: Tokens per chunk (a class attribute, so a test can shrink it)
