@@ -84,7 +84,8 @@ def compiling_static_sizes() -> bool:
     """
     if not (_READS_DYNAMO_SETTINGS and is_compiling()):
         return False
-    # the settings exist from torch 2.1 on (its inventory cannot list a config module's)
+    # the settings exist from torch 2.1 on (the api-floor inventory cannot list a config
+    # module's settings, hence the mark)
     return (_dynamo_config.assume_static_by_default  # api-floor: guarded
             and not _dynamo_config.automatic_dynamic_shapes)
 
@@ -95,9 +96,7 @@ def loops_over_sizes(x: Tensor) -> bool:
     the loop at its size (a new size recompiles such a graph anyway).  False for
     symbolic sizes (the loop would make dynamo specialise the graph on each size),
     under ``torch.jit`` tracing and ONNX export, and on other devices."""
-    if x.device.type != 'cpu' or is_jit_tracing() or is_onnx_export():
-        return False
-    return not is_compiling() or compiling_static_sizes()
+    return eager_on_cpu(x) or (x.device.type == 'cpu' and compiling_static_sizes())
 
 
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],
