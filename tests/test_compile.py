@@ -269,21 +269,22 @@ def test_inductor_convolutions_of_a_one_sample_token_grid_see_a_channels_last_ma
 
 
 @pytest.mark.skipif(torch.__version__ < '2.4',
-                    reason=f'torch {torch.__version__}: dynamo reads its settings in a graph '
-                    'from torch 2.4 on; before, compiled graphs run the MLP in one pass')
+                    reason=f'torch {torch.__version__}: compiled graphs chunk the MLP from '
+                    'torch 2.4 on; before, they run it in one pass')
 @pytest.mark.parametrize('dynamic', [False, True, None])
 @pytest.mark.parametrize('autocast', [False, True])
-def test_a_static_size_graph_runs_the_mlp_in_token_chunks(dynamic, autocast):
+def test_a_compiled_graph_runs_the_mlp_in_token_chunks(dynamic, autocast):
     """Compiled for static sizes (``dynamic=False``), the inference MLP unrolls its loop
     over token chunks at each size (each chunk's hidden tensor stays in cache, as in
     eager); where sizes may be symbolic (``dynamic=True``, and the default, which turns
-    a size symbolic on a recompile) it is one pass, since a loop over a symbolic size
-    would specialise the graph on it.  Eager numbers (and dtype under bf16 autocast)."""
+    a size symbolic on a recompile) it runs in ``graph_chunks`` chunks whatever the size,
+    so a new size needs no new graph.  Eager numbers (and dtype under bf16 autocast)."""
     from inline_mm.models.layers.token_mlp import TokenMlp
 
     torch.manual_seed(0)
     mlp = TokenMlp(8, 32).eval()
     mlp.chunk_tokens = 4  # 2 x 11 tokens: 6 chunks, the last one partial; 2 x 13: 7
+    mlp.graph_chunks = 3  # 22 tokens: 3 x 8 rows, 2 of them padding; 26: 3 x 9, 1
     graphs = []
 
     def capture(gm: torch.fx.GraphModule, example_inputs) -> callable:
@@ -307,7 +308,26 @@ def test_a_static_size_graph_runs_the_mlp_in_token_chunks(dynamic, autocast):
     linears = [sum(node.op == 'call_function' and 'linear' in str(node.target)
                    or node.op == 'call_module' and str(node.target).endswith(('fc1', 'fc2'))
                    for node in graph.graph.nodes) for graph in graphs]
-    assert linears == ([2 * 6, 2 * 7] if dynamic is False else [2] * len(graphs)), linears
+    assert linears == ([2 * 6, 2 * 7] if dynamic is False else [2 * 3] * len(graphs)), linears
+
+
+def test_backbones_chunk_the_mlps_of_their_large_stages_in_graphs():
+    """The chunks of graphs with symbolic sizes come from each stage's stride: as many
+    as 1333x800 has 4096 tokens where eager would chunk at that size."""
+    from inline_mm.models.layers.token_mlp import TokenMlp, graph_chunk_count
+
+    # 334 x 200 = 66,800 tokens at stride 4; 167 x 100 = 16,700 at 8; 84 x 50 = 4,200 at 16
+    assert [graph_chunk_count(s) for s in (4, 8, 16, 32)] == [17, 5, 1, 1]
+    for family in FAMILIES:
+        model = build(family)
+        chunks = [{m.graph_chunks for part in model._stage_parts(i)
+                   if isinstance(part, torch.nn.Module)
+                   for m in part.modules() if isinstance(m, TokenMlp)}
+                  for i in range(1, model.num_stages + 1)]
+        if family == 'deit':  # stride 16 throughout
+            assert chunks == [{1}] * model.num_stages, chunks
+        else:
+            assert chunks == [{17}, {5}, {1}, {1}], (family, chunks)
 
 
 @needs_torch_2_2

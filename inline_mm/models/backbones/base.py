@@ -14,6 +14,7 @@ from torch import Tensor
 from ...errors import ConfigError, MissingFileError
 from ..layers import symbolic
 from ..layers.inline_attention import tokens_to_nchw
+from ..layers.token_mlp import TokenMlp, graph_chunk_count
 from ..pretrained import load_pretrained
 from .arch import FAMILIES
 
@@ -86,7 +87,9 @@ class InLineBackbone(BaseModule):
 
     Subclasses build their layers, then call :meth:`_finish_init`; they
     implement ``_stage_parts(i)`` (the modules / parameters of stage ``i``;
-    ``i = 0`` is the stem) for ``frozen_stages``, and a ``convert_checkpoint``
+    ``i = 0`` is the stem) for ``frozen_stages`` and the MLPs' chunk counts in
+    compiled graphs (by ``_stage_stride(i)``: 4, 8, 16, 32 unless overridden), and a
+    ``convert_checkpoint``
     static method (a pure function, see :mod:`inline_mm.models.converters`).
 
     Args:
@@ -135,10 +138,21 @@ class InLineBackbone(BaseModule):
     def _finish_init(self) -> None:
         self.apply(init_transformer_weights)
         self._freeze_stages()
+        # the MLPs' chunks in compiled graphs with symbolic sizes, by the stage's stride
+        for i in range(1, self.num_stages + 1):
+            chunks = graph_chunk_count(self._stage_stride(i))
+            for part in self._stage_parts(i):
+                for module in part.modules() if isinstance(part, nn.Module) else ():
+                    if isinstance(module, TokenMlp):
+                        module.graph_chunks = chunks
 
     # ------------------------------------------------------------ contract
     def _stage_parts(self, i: int) -> List[Union[nn.Module, nn.Parameter]]:
         raise NotImplementedError
+
+    def _stage_stride(self, i: int) -> int:
+        """The stride of stage ``i`` (from 1) against the image: 4, 8, 16, 32."""
+        return 4 * 2 ** (i - 1)
 
     def _freeze_stages(self) -> None:
         for i in range(self.frozen_stages + 1):

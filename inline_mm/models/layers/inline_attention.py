@@ -138,9 +138,10 @@ def channels_last_conv_input(grid: Tensor) -> Tensor:
     ``torch.compile`` a one-sample map is made dense channels-last (no copy when it is
     already) and given its real batch stride; other maps, and every map outside a
     compiled graph, are returned as they are.  A batch that is a symbolic size is more
-    than one sample (dynamo specialises 1) and has a real stride already.
+    than one sample (dynamo specialises a size of 1), so the test adds no guard, and
+    such a map has a real batch stride already.
     """
-    if not symbolic.is_compiling() or not isinstance(grid.shape[0], int) or grid.shape[0] != 1:
+    if not symbolic.is_compiling() or grid.shape[0] != 1:
         return grid
     _, c, h, w = grid.shape
     dense = grid.permute(0, 2, 3, 1).contiguous()

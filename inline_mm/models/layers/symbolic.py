@@ -99,6 +99,15 @@ def loops_over_sizes(x: Tensor) -> bool:
     return eager_on_cpu(x) or (x.device.type == 'cpu' and compiling_static_sizes())
 
 
+def compiling_in_chunks(x: Tensor) -> bool:
+    """True for a CPU tensor in a ``torch.compile`` graph of torch >= 2.4 whose sizes
+    may be symbolic (not :func:`compiling_static_sizes`): a fixed number of chunks
+    there adds no guard.  Off before torch 2.4, where it was not measured (those graphs
+    keep the one-pass MLP)."""
+    return (_READS_DYNAMO_SETTINGS and x.device.type == 'cpu' and is_compiling()
+            and not is_jit_tracing() and not compiling_static_sizes())
+
+
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],
                 shifts: Sequence[int]) -> Tuple[Tuple[Size, Size], Tuple[Size, Size]]:
     """Traced :func:`~inline_mm.models.layers.windows.clip_window`.
