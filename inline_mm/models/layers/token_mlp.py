@@ -61,12 +61,14 @@ def run_in_token_chunks(tokens: Tensor, chunk_tokens: int,
 
 def run_in_equal_chunks(tokens: Tensor, chunks: int, mlp: Callable[[Tensor], Tensor]) -> Tensor:
     """``mlp`` over the rows of ``(N, C)`` tokens in ``chunks`` chunks of
-    ``ceil(N / chunks)`` rows, the last ones zero-padded: no branch and no loop on ``N``
+    ``N // chunks + 1`` rows, the last ones zero-padded: no branch and no loop on ``N``
     (a compiled graph with symbolic sizes holds the same operations for every ``N``).
-    Only ``N <= chunks`` (one-row chunks, a size dynamo specialises) compiles again: an
-    image of a few pixels."""
+    The padding is never empty: torch 2.4's dynamo guards on a zero pad amount (a
+    second graph for every ``N`` divisible by ``chunks``).  Only ``N < chunks``
+    (one-row chunks, a size dynamo specialises) compiles again: an image of a few
+    pixels."""
     num_tokens = tokens.shape[0]
-    rows = (num_tokens + chunks - 1) // chunks
+    rows = num_tokens // chunks + 1
     padded = F.pad(tokens, (0, 0, 0, chunks * rows - num_tokens)).view(chunks, rows, -1)
     return torch.cat([mlp(padded[i]) for i in range(chunks)])[:num_tokens]
 
