@@ -86,6 +86,8 @@ def test_compiled_eval_one_graph_eager_outputs(family):
             assert_close_rel(model(x), eager(x), f'{family} at {hw}: output')
     torch._dynamo.reset()
     assert_at_most_two_graphs(backend, SIZES)
+    if family in ('pvt', 'deit'):  # no windows: nothing that could need a second graph
+        assert backend.graphs == 1, f'{backend.graphs} compilations for {len(SIZES)} sizes'
 
 
 @needs_torch_2_2
@@ -323,14 +325,34 @@ def test_backbones_chunk_the_mlps_of_their_large_stages_in_graphs():
     assert [graph_chunk_count(s) for s in (4, 8, 16, 32)] == [17, 5, 1, 1]
     for family in FAMILIES:
         model = build(family)
-        chunks = [{m.graph_chunks for part in model._stage_parts(i)
-                   if isinstance(part, torch.nn.Module)
-                   for m in part.modules() if isinstance(m, TokenMlp)}
+        stages = [[m for part in model._stage_parts(i) if isinstance(part, torch.nn.Module)
+                   for m in part.modules() if isinstance(m, TokenMlp)]
                   for i in range(1, model.num_stages + 1)]
+        # every MLP of the model belongs to a stage
+        assert sum(map(len, stages)) == sum(isinstance(m, TokenMlp) for m in model.modules())
+        chunks = [{m.graph_chunks for m in stage} for stage in stages]
         if family == 'deit':  # stride 16 throughout
             assert chunks == [{1}] * model.num_stages, chunks
         else:
             assert chunks == [{17}, {5}, {1}, {1}], (family, chunks)
+
+
+@pytest.mark.skipif(not hasattr(getattr(torch, 'compiler', None), 'is_exporting'),
+                    reason=f'torch {torch.__version__} has no torch.compiler.is_exporting')
+def test_an_exported_graph_keeps_the_one_pass_mlp():
+    """``torch.export`` sets the compiling flag too, but an exported program is no place
+    for a CPU cache tuning: it records timm's plain MLP (one pair of linear layers)."""
+    from inline_mm.models.layers.token_mlp import TokenMlp
+
+    mlp = TokenMlp(8, 32).eval()
+    mlp.graph_chunks = 3
+    x = torch.randn(2, 11, 8)
+    with torch.no_grad():
+        program = torch.export.export(mlp, (x,))
+        torch.testing.assert_close(program.module()(x), mlp(x))
+    linears = sum(node.op == 'call_function' and 'linear' in str(node.target)
+                  for node in program.graph.nodes)
+    assert linears == 2, f'{linears} linear layers in the exported graph'
 
 
 @needs_torch_2_2

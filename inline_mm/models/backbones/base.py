@@ -86,11 +86,11 @@ class InLineBackbone(BaseModule):
     """Base of the InLine backbones.
 
     Subclasses build their layers, then call :meth:`_finish_init`; they
-    implement ``_stage_parts(i)`` (the modules / parameters of stage ``i``;
-    ``i = 0`` is the stem) for ``frozen_stages`` and the MLPs' chunk counts in
-    compiled graphs (by ``_stage_stride(i)``: 4, 8, 16, 32 unless overridden), and a
-    ``convert_checkpoint``
-    static method (a pure function, see :mod:`inline_mm.models.converters`).
+    implement ``_stage_parts(i)`` (the modules / parameters of stage ``i``; ``i = 0``
+    is the stem) for ``frozen_stages`` and the MLPs' chunk counts in compiled graphs
+    (by ``_stage_stride(i)``: 4, 8, 16, 32 unless overridden), and a
+    ``convert_checkpoint`` static method (a pure function, see
+    :mod:`inline_mm.models.converters`).
 
     Args:
         out_indices: stages whose outputs are returned.
@@ -142,9 +142,10 @@ class InLineBackbone(BaseModule):
         for i in range(1, self.num_stages + 1):
             chunks = graph_chunk_count(self._stage_stride(i))
             for part in self._stage_parts(i):
-                for module in part.modules() if isinstance(part, nn.Module) else ():
-                    if isinstance(module, TokenMlp):
-                        module.graph_chunks = chunks
+                if isinstance(part, nn.Module):
+                    for module in part.modules():
+                        if isinstance(module, TokenMlp):
+                            module.graph_chunks = chunks
 
     # ------------------------------------------------------------ contract
     def _stage_parts(self, i: int) -> List[Union[nn.Module, nn.Parameter]]:

@@ -72,7 +72,6 @@ class InLineDeiT(InLineBackbone):
         side = cfg['pretrain_img_size'] // patch_size
         self.pos_grid = (side, side)
         self._pos_resizer = PosEmbedResizer()
-        self.patch_size = patch_size
         self.patch_embed = PatchEmbed(in_channels, dim, patch_size, norm_eps=None)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + side * side, dim))
@@ -91,7 +90,7 @@ class InLineDeiT(InLineBackbone):
     convert_checkpoint = staticmethod(convert_deit)
 
     def _stage_stride(self, i: int) -> int:
-        return self.patch_size  # every block works on the patch grid
+        return self.patch_embed.patch_size  # every block works on the patch grid
 
     def _stage_parts(self, i: int) -> List[Union[nn.Module, nn.Parameter]]:
         if i == 0:

@@ -53,6 +53,16 @@ def is_compiling() -> bool:
     return _is_compiling()
 
 
+#: torch.export's own flag (``torch.export`` and the dynamo-based ONNX exporter set the
+#: compiling flag too); torch versions without it count every trace as a compilation
+_is_exporting = getattr(_compiler, 'is_exporting', lambda: False)
+
+
+def is_exporting() -> bool:
+    """True while ``torch.export`` (or ``torch.onnx.export(dynamo=True)``) traces."""
+    return _is_exporting()
+
+
 def in_graph() -> bool:
     """True while a graph is recorded (``torch.compile`` or ONNX export): no caches then."""
     return is_compiling() or is_onnx_export()
@@ -102,10 +112,12 @@ def loops_over_sizes(x: Tensor) -> bool:
 def compiling_in_chunks(x: Tensor) -> bool:
     """True for a CPU tensor in a ``torch.compile`` graph of torch >= 2.4 whose sizes
     may be symbolic (not :func:`compiling_static_sizes`): a fixed number of chunks
-    there adds no guard.  Off before torch 2.4, where it was not measured (those graphs
-    keep the one-pass MLP)."""
+    there adds no guard.  Off before torch 2.4 (the same version gate as the static
+    case: not measured there, those graphs keep the one-pass MLP) and under
+    ``torch.export`` / ONNX export (an exported graph keeps timm's plain MLP)."""
     return (_READS_DYNAMO_SETTINGS and x.device.type == 'cpu' and is_compiling()
-            and not is_jit_tracing() and not compiling_static_sizes())
+            and not is_exporting() and not is_onnx_export() and not is_jit_tracing()
+            and not compiling_static_sizes())
 
 
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],

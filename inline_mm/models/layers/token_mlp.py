@@ -35,9 +35,11 @@ GRAPH_REFERENCE_HW = (800, 1333)
 
 
 def graph_chunk_count(stride: int, chunk_tokens: int = CHUNK_TOKENS) -> int:
-    """Chunks of a stage's MLP in graphs with symbolic sizes: as many as an input of
+    """Chunks of a stage's MLP in graphs with symbolic sizes: as many as one image of
     :data:`GRAPH_REFERENCE_HW` has ``chunk_tokens`` at ``stride`` (1 where eager would
     run one pass at that size).  Stride 4 (a first stage): 17 chunks; 8: 5; 16 and 32: 1.
+    A batch of ``B`` images makes each chunk ``B`` times larger (eager chunks by the
+    batch's tokens).
     """
     tokens = math.ceil(GRAPH_REFERENCE_HW[0] / stride) * math.ceil(GRAPH_REFERENCE_HW[1] / stride)
     return 1 if tokens <= 2 * chunk_tokens else math.ceil(tokens / chunk_tokens)
@@ -64,9 +66,10 @@ def run_in_equal_chunks(tokens: Tensor, chunks: int, mlp: Callable[[Tensor], Ten
     ``N // chunks + 1`` rows, the last ones zero-padded: no branch and no loop on ``N``
     (a compiled graph with symbolic sizes holds the same operations for every ``N``).
     The padding is never empty: torch 2.4's dynamo guards on a zero pad amount (a
-    second graph for every ``N`` divisible by ``chunks``).  Only ``N < chunks``
-    (one-row chunks, a size dynamo specialises) compiles again: an image of a few
-    pixels."""
+    second graph for every ``N`` divisible by ``chunks``).  ``N < chunks`` (one-row
+    chunks, a size dynamo specialises) may compile again: an image of a few pixels.
+    The pad and the concatenation each copy the tokens once (``C`` values a token,
+    against the ``mlp_ratio * C`` hidden ones that stay in cache)."""
     num_tokens = tokens.shape[0]
     rows = num_tokens // chunks + 1
     padded = F.pad(tokens, (0, 0, 0, chunks * rows - num_tokens)).view(chunks, rows, -1)
@@ -79,10 +82,11 @@ class TokenMlp(Mlp):
     The result is the same per token.  Eager and ``dynamic=False`` graphs chunk by
     :attr:`chunk_tokens` (:func:`~.symbolic.loops_over_sizes`); other compiled graphs
     in :attr:`graph_chunks` chunks (:func:`~.symbolic.compiling_in_chunks`).  Training
-    (autograd on), tensors on other devices than the CPU, graphs before torch 2.4 and
-    ``torch.jit`` / ONNX traces take timm's path: the gain was measured on CPUs only, a
-    GPU runs one large matmul best, and a traced graph would freeze the chunks of one
-    size.
+    (autograd on), tensors on other devices than the CPU, graphs before torch 2.4,
+    ``torch.export`` (where torch has ``torch.compiler.is_exporting``) and ``torch.jit``
+    / ONNX traces take timm's path: the gain was measured on CPUs only, a GPU runs one
+    large matmul best, and a traced or exported graph is not the place for a CPU cache
+    tuning.
     """
 
     #: Tokens per chunk (a class attribute, so a test can shrink it)
