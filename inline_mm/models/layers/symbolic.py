@@ -116,8 +116,7 @@ def compiling_in_chunks(x: Tensor) -> bool:
     case: not measured there, those graphs keep the one-pass MLP) and under
     ``torch.export`` / ONNX export (an exported graph keeps timm's plain MLP)."""
     return (_READS_DYNAMO_SETTINGS and x.device.type == 'cpu' and is_compiling()
-            and not is_exporting() and not is_onnx_export() and not is_jit_tracing()
-            and not compiling_static_sizes())
+            and not is_exporting() and not is_onnx_export() and not compiling_static_sizes())
 
 
 def clip_window(window: Tuple[Optional[int], Optional[int]], hw: Tuple[Size, Size],
