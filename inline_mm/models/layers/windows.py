@@ -63,6 +63,13 @@ def clip_window(window: Window, hw: Tuple[int, int], shift: int | Tuple[int, int
     return (win[0], win[1]), (out_shift[0], out_shift[1])
 
 
+def spans_map(window: Window, hw: Tuple[int, int]) -> bool:
+    """Whether ``window`` covers the whole ``hw`` map (each axis ``None`` or at least
+    the map's extent): the window :func:`clip_window` clips to the map itself.  Under
+    ``torch.compile`` an int window puts the same guard on each axis as that clip."""
+    return all(size is None or size >= extent for size, extent in zip(window, hw))
+
+
 def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
     """Zero-pad a ``(B, H, W, C)`` map at the bottom / right to multiples of ``multiple``."""
     return _zero_pad_to_multiple(x, multiple)
@@ -132,7 +139,9 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn,
     """Apply ``fn`` to every (shifted) window of a ``(B, H, W, C)`` map.
 
     The map is padded to a multiple of the clipped window, optionally rolled by
-    the shift, partitioned, processed, and put back and cropped to ``(H, W)``.
+    the shift, partitioned, processed, and put back and cropped to ``(H, W)``.  A
+    window that spans the map (:func:`spans_map`) is the map itself: ``fn`` gets it
+    with ``valid`` and ``bias`` None.
 
     Args:
         x: ``(B, H, W, C)`` tokens.
@@ -147,7 +156,13 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn,
         need_bias: pass the region bias (softmax attention); InLine attention
             passes False and gets ``bias=None``.
     """
-    b, h, w, _ = x.shape
+    b, h, w, c = x.shape
+    if spans_map(window, (h, w)) and not symbolic.is_onnx_export():
+        # one window over the whole map (global attention, or a map no larger than the
+        # window): nothing to pad, shift or mask.  The general path below would give
+        # the same numbers, but a compiled graph with symbolic sizes cannot see that the
+        # padding is empty and computes its mask on every token.
+        return fn(x.reshape(b, h * w, c), (h, w), None, None).view(b, h, w, -1)
     win, sft = clip_window(window, (h, w), shift)
     valid = valid_mask((h, w), win, sft, x.device)
     bias = None
