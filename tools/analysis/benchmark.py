@@ -130,7 +130,10 @@ def profile_models(models: Dict[str, nn.Module], size, batch, dtype, device, fol
         paths.append(osp.join(folder, f"{name.replace('/', '_')}_{format_size(size)}_b{batch}_"
                               f"{dtype}.txt"))
         with open(paths[-1], 'w') as f:
-            f.write(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=top))
+            # wide names: inductor's generated kernels (TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1)
+            # are named after the operators they fuse
+            f.write(prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=top,
+                                              max_name_column_width=120))
     return paths
 
 
