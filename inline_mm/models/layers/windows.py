@@ -57,17 +57,22 @@ def clip_window(window: Window, hw: Tuple[int, int], shift: int | Tuple[int, int
         return symbolic.clip_window(window, hw, shifts)
     win, out_shift = [], []
     for size, s, extent in zip(window, shifts, hw):
-        w = extent if size is None or size >= extent else size
+        w = extent if _spans_axis(size, extent) else size
         win.append(w)
         out_shift.append(s if w < extent else 0)
     return (win[0], win[1]), (out_shift[0], out_shift[1])
 
 
+def _spans_axis(size: Optional[int], extent: int) -> bool:
+    """Whether a window axis (``None``: the whole axis) covers an extent; under
+    ``torch.compile`` an int size puts a guard ``extent <= size`` on the input."""
+    return size is None or size >= extent
+
+
 def spans_map(window: Window, hw: Tuple[int, int]) -> bool:
-    """Whether ``window`` covers the whole ``hw`` map (each axis ``None`` or at least
-    the map's extent): the window :func:`clip_window` clips to the map itself.  Under
-    ``torch.compile`` an int window puts the same guard on each axis as that clip."""
-    return all(size is None or size >= extent for size, extent in zip(window, hw))
+    """Whether ``window`` covers the whole ``hw`` map: the window :func:`clip_window`
+    clips to the map itself (the same test, so the same guards, on each axis)."""
+    return all(_spans_axis(size, extent) for size, extent in zip(window, hw))
 
 
 def pad_to_multiple(x: Tensor, multiple: Tuple[int, int]) -> Tensor:
@@ -157,7 +162,7 @@ def run_in_windows(x: Tensor, window: Window, fn: WindowFn,
             passes False and gets ``bias=None``.
     """
     b, h, w, c = x.shape
-    if spans_map(window, (h, w)) and not symbolic.is_onnx_export():
+    if not symbolic.is_onnx_export() and spans_map(window, (h, w)):  # ONNX: traced sizes
         # one window over the whole map (global attention, or a map no larger than the
         # window): nothing to pad, shift or mask.  The general path below would give
         # the same numbers, but a compiled graph with symbolic sizes cannot see that the
