@@ -337,6 +337,26 @@ def test_backbones_chunk_the_mlps_of_their_large_stages_in_graphs():
             assert chunks == [{17}, {5}, {1}, {1}], (family, chunks)
 
 
+def _ops_of_one_graph(block: torch.nn.Module, sizes) -> set:
+    """The operators of the one graph ``block(x, hw)`` compiles to with symbolic sizes
+    over maps of ``sizes`` (2 samples, 16 channels), each output equal to eager's."""
+    graphs = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs) -> callable:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend=capture, dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        for hw in sizes:
+            x = torch.randn(2, hw[0] * hw[1], 16)
+            torch.testing.assert_close(compiled(x, hw), block(x, hw), rtol=1e-5, atol=1e-5)
+    assert len(graphs) == 1, f'{len(graphs)} graphs for {type(block).__name__}'
+    return {str(node.target) for node in graphs[0].graph.nodes
+            if node.op in ('call_function', 'call_method')}
+
+
 @needs_torch_2_2
 @pytest.mark.parametrize('attn_type', ['I', 'S'])
 def test_a_window_that_spans_the_map_compiles_without_padding_or_masks(attn_type):
@@ -349,23 +369,8 @@ def test_a_window_that_spans_the_map_compiles_without_padding_or_masks(attn_type
 
     def graph_ops(window, sizes):
         torch.manual_seed(0)
-        block = TransformerBlock(16, 2, attn_type=attn_type, window=window).eval()
-        graphs = []
-
-        def capture(gm: torch.fx.GraphModule, example_inputs) -> callable:
-            graphs.append(gm)
-            return gm.forward
-
-        torch._dynamo.reset()
-        compiled = torch.compile(block, backend=capture, dynamic=True, fullgraph=True)
-        with torch.no_grad():
-            for hw in sizes:
-                x = torch.randn(2, hw[0] * hw[1], 16)
-                torch.testing.assert_close(compiled(x, hw), block(x, hw), rtol=1e-5,
-                                           atol=1e-5)
-        assert len(graphs) == 1, f'{len(graphs)} graphs for window {window}'
-        return {str(node.target) for node in graphs[0].graph.nodes
-                if node.op in ('call_function', 'call_method')}
+        return _ops_of_one_graph(
+            TransformerBlock(16, 2, attn_type=attn_type, window=window).eval(), sizes)
 
     def padded_or_masked(ops):  # F.pad, the mask's % and where, the crop's clone
         return {op for op in ops if any(word in op for word in ('pad', 'remainder', 'mod',
@@ -378,6 +383,24 @@ def test_a_window_that_spans_the_map_compiles_without_padding_or_masks(attn_type
         assert not padded_or_masked(ops), (window, padded_or_masked(ops))
     ops = graph_ops((3, 3), [(5, 7), (6, 4), (4, 5)])  # windows: padded, masked, cropped
     assert padded_or_masked(ops), ops
+    # unshifted windows (InLine's; a softmax block without shift): the mask compares
+    # token positions with the map's size, no modulo by a symbolic size (the cyclic
+    # roll's, inlined into every kernel that reads the mask)
+    assert not {op for op in ops if 'mod' in op or 'remainder' in op}, ops
+
+
+@needs_torch_2_2
+def test_cswin_inline_window_that_spans_the_map_compiles_without_padding():
+    """InLine-CSwin's branch over a window that spans the map: its token means (summed
+    from the map) record no padding either, not even a pad by a symbolic zero."""
+    from inline_mm.models.backbones.cswin import CSWinBlock
+
+    torch.manual_seed(0)
+    block = CSWinBlock(16, 2, 4., True, attn_type='I', split_size=1, two_branches=False,
+                       inline_window=(7, 7)).eval()
+    ops = _ops_of_one_graph(block, [(5, 7), (6, 4), (3, 5)])
+    assert not {op for op in ops if any(word in op for word in ('pad', 'remainder', 'mod',
+                                                                  'where'))}, ops
 
 
 @pytest.mark.skipif(not hasattr(getattr(torch, 'compiler', None), 'is_exporting'),

@@ -164,6 +164,17 @@ def _axis_bands(size: Size, window: Size, shift: Size, device: torch.device) -> 
     return (idx >= size - window).long() + (idx >= size - shift).long()
 
 
+def _unrolled_index(idx: Tensor, shift: Size, size: Size) -> Tensor:
+    """Where the tokens at ``idx`` along a padded axis of ``size`` were before the cyclic
+    roll by ``-shift``: ``(idx + shift) % size``.  A static zero shift skips the modulo:
+    a compiled graph with symbolic sizes inlines this index into every kernel that reads
+    the mask, on every element, and a modulo by a symbolic size there costs two integer
+    divisions each time."""
+    if isinstance(shift, int) and shift == 0:
+        return idx
+    return (idx + shift) % size
+
+
 def window_labels(hw: Tuple[Size, Size], window: Tuple[Size, Size],
                   shift: Tuple[Size, Size], device: torch.device) -> Tensor:
     """Region id of every token of the padded, rolled map, in windows: ``(nW, wh * ww)``.
@@ -180,7 +191,8 @@ def window_labels(hw: Tuple[Size, Size], window: Tuple[Size, Size],
     rows = torch.arange(hp, device=device)
     cols = torch.arange(wp, device=device)
     # real tokens of the padded map after the cyclic roll by -shift
-    real = ((rows + shift[0]) % hp < h)[:, None] & ((cols + shift[1]) % wp < w)[None, :]
+    real = _unrolled_index(rows, shift[0], hp)[:, None] < h
+    real = real & (_unrolled_index(cols, shift[1], wp)[None, :] < w)
     labels = torch.zeros(hp, wp, dtype=torch.long, device=device)
     if has_shift(shift):
         labels = (_axis_bands(hp, wh, shift[0], device)[:, None] * 3

@@ -199,9 +199,9 @@ def window_token_means(x: Tensor, window: Tuple[int, int], valid: Optional[Tenso
     windows.  Summed from the zero-padded map itself: what a mean over partitioned
     windows gives, without partitioning ``x``.
     """
+    if valid is None:  # nothing padded: no pad (in a graph, not even a symbolic zero)
+        return window_sums(x.float(), window) / (window[0] * window[1])
     sums = window_sums(_zero_pad_to_multiple(x.float(), window), window)
-    if valid is None:
-        return sums / (window[0] * window[1])
     return sums / valid.sum(dim=-1, keepdim=True).to(torch.float32).clamp_min(1.0)
 
 
