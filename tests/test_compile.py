@@ -367,10 +367,10 @@ def test_a_window_that_spans_the_map_compiles_without_padding_or_masks(attn_type
     window smaller than the map still records them.  Eager numbers either way."""
     from inline_mm.models.layers.blocks import TransformerBlock
 
-    def graph_ops(window, sizes):
+    def graph_ops(window, sizes, shift=0):
         torch.manual_seed(0)
-        return _ops_of_one_graph(
-            TransformerBlock(16, 2, attn_type=attn_type, window=window).eval(), sizes)
+        return _ops_of_one_graph(TransformerBlock(16, 2, attn_type=attn_type, window=window,
+                                                  shift=shift).eval(), sizes)
 
     def padded_or_masked(ops):  # F.pad, the mask's % and where, the crop's clone
         return {op for op in ops if any(word in op for word in ('pad', 'remainder', 'mod',
@@ -386,7 +386,12 @@ def test_a_window_that_spans_the_map_compiles_without_padding_or_masks(attn_type
     # unshifted windows (InLine's; a softmax block without shift): the mask compares
     # token positions with the map's size, no modulo by a symbolic size (the cyclic
     # roll's, inlined into every kernel that reads the mask)
-    assert not {op for op in ops if 'mod' in op or 'remainder' in op}, ops
+    def modulo(ops):
+        return {op for op in ops if 'mod' in op or 'remainder' in op}
+
+    assert not modulo(ops), ops
+    if attn_type == 'S':  # shifted softmax windows still roll, by a modulo
+        assert modulo(graph_ops((3, 3), [(5, 7), (6, 4), (4, 5)], shift=1)), ops
 
 
 @needs_torch_2_2
@@ -395,12 +400,19 @@ def test_cswin_inline_window_that_spans_the_map_compiles_without_padding():
     from the map) record no padding either, not even a pad by a symbolic zero."""
     from inline_mm.models.backbones.cswin import CSWinBlock
 
-    torch.manual_seed(0)
-    block = CSWinBlock(16, 2, 4., True, attn_type='I', split_size=1, two_branches=False,
-                       inline_window=(7, 7)).eval()
-    ops = _ops_of_one_graph(block, [(5, 7), (6, 4), (3, 5)])
-    assert not {op for op in ops if any(word in op for word in ('pad', 'remainder', 'mod',
-                                                                  'where'))}, ops
+    def graph_ops(window, sizes):
+        torch.manual_seed(0)
+        block = CSWinBlock(16, 2, 4., True, attn_type='I', split_size=1, two_branches=False,
+                           inline_window=window).eval()
+        ops = _ops_of_one_graph(block, sizes)
+        # the MLP's fixed chunks pad too (graph_chunks > 1, set by the backbones): 1 here
+        assert block.mlp.graph_chunks == 1
+        return {op for op in ops if any(word in op for word in ('pad', 'remainder', 'mod',
+                                                                  'where'))}
+
+    assert not graph_ops((7, 7), [(5, 7), (6, 4), (3, 5)])
+    # a window smaller than the map: padded
+    assert 'pad' in str(graph_ops((3, 3), [(5, 7), (6, 4), (4, 5)]))
 
 
 @pytest.mark.skipif(not hasattr(getattr(torch, 'compiler', None), 'is_exporting'),

@@ -195,9 +195,9 @@ def window_token_means(x: Tensor, window: Tuple[int, int], valid: Optional[Tenso
     """The fp32 mean of each window's real tokens of a ``(B, H, W, C)`` map: ``(B * nW, C)``.
 
     ``window`` is the clipped window and ``valid`` the ``(B * nW, N)`` mask that
-    :func:`run_in_windows` hands its ``fn`` (None: nothing padded), in the same order of
-    windows.  Summed from the zero-padded map itself: what a mean over partitioned
-    windows gives, without partitioning ``x``.
+    :func:`run_in_windows` hands its ``fn`` (None: nothing padded, the map a whole number
+    of windows), in the same order of windows.  Summed from the zero-padded map itself:
+    what a mean over partitioned windows gives, without partitioning ``x``.
     """
     if valid is None:  # nothing padded: no pad (in a graph, not even a symbolic zero)
         return window_sums(x.float(), window) / (window[0] * window[1])
