@@ -198,8 +198,7 @@ def test_inductor_compiles_the_training_graph_of_a_padded_patch_embedding(compil
     a strided convolution, tokens, a per-sample depthwise convolution on their grid
     (sizes ceil(H / 4), symbolic), forward and backward on inductor."""
     from inline_mm.models.backbones.base import compile_options
-    from inline_mm.models.layers.inline_attention import (depthwise_conv3x3_per_sample,
-                                                          grid_to_tokens)
+    from inline_mm.models.layers.token_grid import depthwise_conv3x3_per_sample, grid_to_tokens
     from inline_mm.models.layers.windows import pad_image
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 16, 4, 4)
@@ -236,8 +235,8 @@ def test_inductor_convolutions_of_a_one_sample_token_grid_see_a_channels_last_ma
     import torch.nn.functional as F
     from torch._inductor.utils import run_and_get_code
 
-    from inline_mm.models.layers.inline_attention import (depthwise_conv3x3_per_sample,
-                                                          grid_to_tokens, tokens_to_grid)
+    from inline_mm.models.layers.token_grid import (depthwise_conv3x3_per_sample,
+                                                    grid_to_tokens, tokens_to_grid)
     torch.manual_seed(0)
     hw, c = (9, 13), 8
     merge = torch.randn(2 * c, c, 3, 3, requires_grad=True)  # a strided merge / embedding

@@ -1,6 +1,5 @@
 """The byte-bounded mask / index cache, torch.compile without recompiles, CPU-only chunking."""
 import ast
-import importlib
 import os
 import subprocess
 import sys
@@ -201,13 +200,12 @@ def test_tokens_to_nchw_equals_the_permuted_copy(monkeypatch, dtype, blocked):
     """Both paths of the backbones' output copy (the per-sample blocked transpose of large
     eager CPU maps, the strided copy otherwise) give the permuted tokens, values and
     gradients, as a contiguous NCHW map."""
-    # the module (the package exports a function of the same name)
-    inline_attention = importlib.import_module('inline_mm.models.layers.inline_attention')
-    monkeypatch.setattr(inline_attention, 'BLOCKED_TRANSPOSE_MIN_VALUES', 1 if blocked else 1 << 30)
+    from inline_mm.models.layers import token_grid
+    monkeypatch.setattr(token_grid, 'BLOCKED_TRANSPOSE_MIN_VALUES', 1 if blocked else 1 << 30)
     monkeypatch.setattr(symbolic, 'in_graph', lambda: False)
     hw = (5, 7)
     x = torch.randn(3, hw[0] * hw[1], 6, dtype=dtype, requires_grad=True)
-    got = inline_attention.tokens_to_nchw(x, hw)
+    got = token_grid.tokens_to_nchw(x, hw)
     ref = x.detach().view(3, *hw, 6).permute(0, 3, 1, 2)
     assert got.is_contiguous() and got.dtype == dtype
     assert torch.equal(got.detach(), ref)
@@ -218,5 +216,5 @@ def test_tokens_to_nchw_equals_the_permuted_copy(monkeypatch, dtype, blocked):
     monkeypatch.setattr(symbolic, 'in_graph', lambda: True)
     copies = []
     monkeypatch.setattr(torch.Tensor, 'copy_', lambda *a: copies.append(a) or None)
-    assert torch.equal(inline_attention.tokens_to_nchw(x.detach(), hw), ref)
+    assert torch.equal(token_grid.tokens_to_nchw(x.detach(), hw), ref)
     assert not copies

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ...errors import ConfigError, MissingFileError
 from ..layers import symbolic
-from ..layers.inline_attention import tokens_to_nchw
+from ..layers.token_grid import tokens_to_nchw
 from ..layers.token_mlp import TokenMlp, graph_chunk_count
 from ..pretrained import load_pretrained
 from .arch import FAMILIES

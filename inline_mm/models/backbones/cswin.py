@@ -11,10 +11,9 @@ from ...registry import register_model
 from ..converters import convert_cswin
 from ..layers.token_mlp import TokenMlp
 from ..layers import symbolic
-from ..layers.inline_attention import (InLineCore, depthwise_conv3x3_per_sample,
-                                       grid_to_tokens, project_with_mean, tokens_to_grid,
-                                       zero_padded_tokens)
+from ..layers.inline_attention import InLineCore, project_with_mean, zero_padded_tokens
 from ..layers.softmax_attention import softmax_attention
+from ..layers.token_grid import depthwise_conv3x3_per_sample, grid_to_tokens, tokens_to_grid
 from ..layers.windows import Window, pad_image, run_in_windows, window_token_means
 from .arch import (WindowSpec, check_stage_lists, parse_attn_type, per_stage_windows,
                    resolve_arch)

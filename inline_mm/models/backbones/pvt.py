@@ -9,7 +9,7 @@ from torch import Tensor
 from ...registry import register_model
 from ..converters import convert_pvt
 from ..layers.blocks import PatchEmbed, TransformerBlock
-from ..layers.inline_attention import tokens_to_grid
+from ..layers.token_grid import tokens_to_grid
 from ..layers.pos_embed import PosEmbedResizer
 from .arch import (WindowSpec, check_stage_lists, parse_attn_type, per_stage_windows,
                    resolve_arch)
