@@ -8,8 +8,8 @@ from torch import Tensor
 
 from .attention_kind import AttentionKind, BlockArgs
 from .inline_attention import InLineAttention
-from .token_grid import grid_to_tokens
 from .softmax_attention import WindowAttention
+from .token_grid import grid_to_tokens
 from .token_mlp import TokenMlp
 from .windows import Window, pad_image, pad_to_multiple, run_in_windows
 from ...errors import ConfigError

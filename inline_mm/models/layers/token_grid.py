@@ -1,11 +1,11 @@
 """The token grid: ``(B, h*w, C)`` tokens as maps for convolutions, and back.
 
-The backbones keep their activations as channels-last tokens; convolutions (patch
-merging, PVT's spatial reduction, InLine's per-sample local branch) and the necks want
-``(B, C, h, w)`` maps.  These helpers give convolutions a channels-last view without a
-copy (eager and compiled), copy a stage's output to the contiguous NCHW map that necks
-and mmcv's RoIAlign expect by the fastest path, and run the local branch's per-sample
-3x3 depthwise convolution as one grouped convolution.
+The backbones keep their activations as channels-last tokens; convolutions (the next
+stage's patch embedding, CSwin's merging convolution, InLine's per-sample local branch)
+and the necks want ``(B, C, h, w)`` maps.  These helpers give convolutions a
+channels-last view without a copy (eager and compiled), copy a stage's output to the
+contiguous NCHW map that necks and mmcv's RoIAlign expect by the fastest path, and run
+the local branch's per-sample 3x3 depthwise convolution as one grouped convolution.
 """
 from typing import Optional, Tuple
 
